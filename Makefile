@@ -1,0 +1,42 @@
+# loopline: `make run` and `make test` do their own set-up on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?= loopline.yaml
+BENCH ?= all
+PYTEST_ARGS ?=
+
+.PHONY: setup run test serve bench clean
+
+setup: $(STAMP)
+
+# The lock is a full `pip freeze` of a working set, installed with --no-deps because
+# tfx 1.21 declares ml-metadata>=1.21 and tensorflow-data-validation>=1.21, which have no
+# Linux wheels for Python 3.11: a resolving install of tfx fails. Installing the pinned set
+# as it is (tfx, ml-pipelines-sdk and ml-metadata 1.17.1 included) skips that resolution;
+# `pip check` then reports the ml-metadata mismatch, which is harmless here.
+# Re-installs only when the lock or pyproject.toml change.
+$(STAMP): requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; loopline needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 1; }
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U "pip>=24"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/loopline run --config $(CONFIG)
+
+serve: setup
+	$(VENV)/bin/loopline serve --config $(CONFIG)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench --only $(BENCH)
+
+clean:
+	rm -rf workspace

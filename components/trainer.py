@@ -1,0 +1,43 @@
+"""The pipeline's Trainer: runs trainer/ on ExampleGen's splits and exports the SavedModel
+where the standard Pusher looks for it (`<model uri>/Format-Serving`)."""
+
+import json
+import logging
+import os
+
+from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import artifact_utils
+from tfx.types.standard_artifacts import Examples, Model, ModelRun
+from tfx.utils import path_utils
+
+
+def split_pattern(examples: Examples, split: str) -> str:
+    return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
+
+
+@component
+def Trainer(
+    examples: InputArtifact[Examples],
+    model: OutputArtifact[Model],
+    model_run: OutputArtifact[ModelRun],
+    trainer_config: Parameter[str],
+    label: Parameter[str],
+    module_sha256: Parameter[str] = "",
+) -> None:
+    """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
+    edits to the user's module file."""
+    del module_sha256  # Only there for the cache key.
+    from trainer.config import TrainerConfig
+    from trainer.export import export_saved_model
+    from trainer.loop import train
+
+    logging.getLogger("loopline").setLevel(logging.INFO)
+    config = TrainerConfig.model_validate_json(trainer_config)
+    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label)
+    export_saved_model(result.model, result.kinds, result.heads, path_utils.serving_model_path(model.uri))
+    metrics = {**result.metrics, "steps": result.steps}
+    with open(os.path.join(model_run.uri, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    for key, value in metrics.items():
+        model.set_float_custom_property(f"eval_{key}", float(value))

@@ -1,0 +1,69 @@
+"""The `loopline` command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from pipeline.config import ConfigError, load_config
+
+DEFAULT_CONFIG = "loopline.yaml"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help=f"YAML config (default: ./{DEFAULT_CONFIG} if present)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set trainer.epochs=5 (repeatable)")
+
+
+def _config(args):
+    path = args.config
+    if path is None and os.path.isfile(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    return load_config(path, args.overrides)
+
+
+def cmd_run(args) -> int:
+    from pipeline.local_runner import run_local
+
+    config = _config(args)
+    summary = run_local(config)
+    print("\n".join(["", "loopline run finished", *summary.lines()]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
+    _common(run)
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    """Our progress at INFO; TFX, Beam and TensorFlow only when they warn."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("loopline").setLevel(logging.INFO)
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"loopline: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

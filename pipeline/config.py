@@ -1,0 +1,123 @@
+"""Reads loopline's one YAML configuration, applies `--set key=value` overrides and validates it.
+
+Every section is a pydantic model with unknown keys forbidden, so a typo fails before any work
+with the dotted key named. Relative paths are relative to the configuration file's folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.config import ServingConfig
+from trainer.config import TrainerConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key in the message."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PipelineSection(_Section):
+    name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    root: str = "workspace"
+    enable_cache: bool = True
+
+
+class DataSection(_Section):
+    path: str = "data/penguins.csv"
+    label: str = "species"
+
+
+class MlflowSection(_Section):
+    tracking_uri: str | None = None
+    experiment: str = "loopline"
+
+
+class LooplineConfig(_Section):
+    pipeline: PipelineSection = PipelineSection()
+    data: DataSection = DataSection()
+    trainer: TrainerConfig = TrainerConfig()
+    serving: ServingConfig = ServingConfig()
+    mlflow: MlflowSection = MlflowSection()
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def flat(self) -> dict[str, Any]:
+        """The resolved config as dotted keys (for logging as parameters)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for key, sub in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, sub)
+            else:
+                out[prefix] = value
+
+        walk("", self.as_dict())
+        return out
+
+
+# Keys holding paths, resolved against the config file's folder.
+_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"))
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Applies one `dotted.key=value` to the raw mapping; the value is parsed as YAML."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {override!r}: expected dotted.key=value")
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: '{'.'.join(parts[: i + 1])}' is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    return f"'{key}': {error['msg']} (got {error.get('input')!r})"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> LooplineConfig:
+    """Loads, overrides, validates and resolves the configuration. Raises ConfigError."""
+    raw: dict[str, Any] = {}
+    base = Path.cwd()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raw = loaded or {}
+        base = path.resolve().parent
+    for override in overrides:
+        apply_override(raw, override)
+    try:
+        config = LooplineConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}invalid configuration: {problems}") from None
+    for section, key in _PATH_KEYS:
+        holder = getattr(config, section)
+        value = getattr(holder, key)
+        if value is not None and "://" not in value:
+            setattr(holder, key, str((base / value).resolve()))
+    return config

@@ -1,0 +1,86 @@
+"""Runs the pipeline locally with TFX's LocalDagRunner and ML Metadata on SQLite."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+from pipeline.checks import check_data
+from pipeline.config import LooplineConfig
+from pipeline.pipeline import create_pipeline, metadata_path
+
+
+@dataclass
+class RunSummary:
+    model_name: str
+    version: str | None
+    pushed_path: str | None
+    saved_model: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    executions: dict[str, str] = field(default_factory=dict)  # component -> COMPLETE/CACHED/...
+
+    def lines(self) -> list[str]:
+        out = [f"model      {self.model_name}"]
+        out.append(f"version    {self.version or '(not pushed)'}")
+        if self.pushed_path:
+            out.append(f"pushed to  {self.pushed_path}")
+        if self.saved_model:
+            out.append(f"SavedModel {self.saved_model}")
+        for key, value in sorted(self.metrics.items()):
+            out.append(f"eval       {key} = {value:.4g}")
+        out.append("components " + ", ".join(f"{k}: {v}" for k, v in self.executions.items()))
+        return out
+
+
+def open_store(config: LooplineConfig) -> metadata_store.MetadataStore:
+    connection = metadata_store_pb2.ConnectionConfig()
+    connection.sqlite.filename_uri = metadata_path(config)
+    connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    return metadata_store.MetadataStore(connection)
+
+
+def summarize_last_run(config: LooplineConfig) -> RunSummary:
+    """Reads the newest pipeline run's executions and artifacts back from ML Metadata."""
+    store = open_store(config)
+    run = max(store.get_contexts_by_type("pipeline_run"), key=lambda c: c.id)
+    artifacts = store.get_artifacts_by_context(run.id)
+    types = {t.id: t.name for t in store.get_artifact_types()}
+    by_type: dict[str, list] = {}
+    for artifact in artifacts:
+        by_type.setdefault(types[artifact.type_id], []).append(artifact)
+
+    def newest(type_name):
+        found = by_type.get(type_name, [])
+        return max(found, key=lambda a: a.id) if found else None
+
+    executions = {}
+    state_names = metadata_store_pb2.Execution.State.Name
+    execution_types = {t.id: t.name for t in store.get_execution_types()}
+    for execution in sorted(store.get_executions_by_context(run.id), key=lambda e: e.id):
+        component = execution_types[execution.type_id].rsplit(".", 1)[-1]
+        executions[component] = state_names(execution.last_known_state)
+
+    model = newest("Model")
+    pushed = newest("PushedModel")
+    metrics = {}
+    if model is not None:
+        metrics = {k[len("eval_"):]: v.double_value for k, v in model.custom_properties.items() if k.startswith("eval_")}
+    pushed_ok = pushed is not None and pushed.custom_properties["pushed"].int_value == 1
+    return RunSummary(
+        model_name=config.serving.model_name,
+        version=pushed.custom_properties["pushed_version"].string_value if pushed_ok else None,
+        pushed_path=pushed.custom_properties["pushed_destination"].string_value if pushed_ok else None,
+        saved_model=os.path.join(model.uri, "Format-Serving") if model is not None else None,
+        metrics=metrics,
+        executions=executions,
+    )
+
+
+def run_local(config: LooplineConfig) -> RunSummary:
+    check_data(config)
+    os.makedirs(config.pipeline.root, exist_ok=True)
+    LocalDagRunner().run(create_pipeline(config))
+    return summarize_last_run(config)

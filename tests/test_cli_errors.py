@@ -1,0 +1,48 @@
+"""What a newcomer hits first gets one clear line on stderr and exit code 2, before any work."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys, *args):
+    code = main(["run", "--config", str(REPO / "loopline.yaml"), *args])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_missing_data_path(capsys, tmp_path):
+    code, err = run_cli(capsys, "--set", f"data.path={tmp_path}/missing.csv", "--set", f"pipeline.root={tmp_path}/ws")
+    assert code == 2
+    assert err == f"loopline: error: data.path: no such file: {tmp_path}/missing.csv"
+    assert not (tmp_path / "ws").exists()  # nothing was started
+
+
+def test_csv_without_label_column(capsys, tmp_path):
+    csv = tmp_path / "d.csv"
+    csv.write_text("a,b\n1,2\n")
+    code, err = run_cli(capsys, "--set", f"data.path={csv}", "--set", f"pipeline.root={tmp_path}/ws")
+    assert code == 2
+    assert "data.label: column 'species' is not in" in err and "['a', 'b']" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_bad_config_key(capsys):
+    code, err = run_cli(capsys, "--set", "trainer.lr=0.1")
+    assert code == 2
+    assert err.startswith("loopline: error: ") and err.endswith("invalid configuration: unknown key 'trainer.lr'")
+
+
+def test_console_entry_point_reports_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"), "--set", "data.nope=1"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "unknown key 'data.nope'" in result.stderr

@@ -1,0 +1,92 @@
+"""Building the model: from the user's model module, or a generic tabular model from the data.
+
+A model module is a Python file that may define:
+  LABELS: list[str]                         label columns, one head each (default: data.label)
+  build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
+  loss_weights(step: tf.Tensor) -> dict     per-head weights, may depend on the step
+Anything it leaves out falls back to the generic tabular model.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import keras
+
+from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, is_number
+from trainer.heads import CLASSIFICATION, REGRESSION, Head
+
+
+@dataclass
+class ModelContext:
+    """What a model builder gets: the input features, their statistics and the heads."""
+
+    kinds: FeatureKinds  # input features only (labels removed)
+    stats: FeatureStats
+    heads: list[Head]
+    hparams: dict = field(default_factory=dict)
+
+    def inputs(self) -> dict[str, keras.KerasTensor]:
+        return {
+            name: keras.Input(shape=(1,), dtype="float32" if is_number(kind) else "string", name=name)
+            for name, kind in self.kinds.items()
+        }
+
+    def encoder(self) -> TabularEncoder:
+        numbers = {k: v for k, v in self.stats.numbers.items() if k in self.kinds}
+        strings = {k: v for k, v in self.stats.strings.items() if k in self.kinds}
+        return TabularEncoder(numbers, strings, name="encoder")
+
+
+def build_tabular_model(ctx: ModelContext, hidden_units=(64, 64)) -> keras.Model:
+    inputs = ctx.inputs()
+    x = ctx.encoder()(inputs)
+    for i, units in enumerate(hidden_units):
+        x = keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")(x)
+    outputs = {head.name: head.output_layer(x) for head in ctx.heads}
+    return keras.Model(inputs, outputs, name="tabular")
+
+
+def make_head(name: str, kind: str, stats: FeatureStats) -> Head:
+    """A head for label column `name`: classification for strings, regression for numbers."""
+    if is_number(kind):
+        mean, std = stats.numbers[name]
+        return Head(name, REGRESSION, mean=mean, std=std)
+    vocabulary = stats.strings.get(name) or []
+    if len(vocabulary) < 2:
+        raise ValueError(f"label '{name}' has {len(vocabulary)} distinct value(s) in the training split; need 2 or more")
+    return Head(name, CLASSIFICATION, vocabulary=sorted(vocabulary))
+
+
+def load_module(path: str | None) -> ModuleType | None:
+    if not path:
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"trainer.module_file: no such file: {path}")
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+    name = f"loopline_user_module_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def label_names(module: ModuleType | None, default_label: str) -> list[str]:
+    return list(getattr(module, "LABELS", None) or [default_label])
+
+
+def build_model(module: ModuleType | None, ctx: ModelContext) -> keras.Model:
+    builder = getattr(module, "build_model", None)
+    model = builder(ctx) if builder else build_tabular_model(ctx)
+    missing = {h.name for h in ctx.heads} - set(model.output_names)
+    if missing:
+        raise ValueError(f"the model has no output for head(s) {sorted(missing)}; outputs are {model.output_names}")
+    return model
