@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import keras
 import numpy as np
@@ -73,7 +74,21 @@ def evaluate(model: keras.Model, heads: list[Head], dataset: tf.data.Dataset) ->
     return metrics
 
 
-def train(config: TrainerConfig, train_pattern: str, eval_pattern: str, label: str) -> TrainResult:
+class MetricSink(Protocol):
+    """Receives metrics as training goes (e.g. MLflow); `log` must not raise on outages."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def train(
+    config: TrainerConfig,
+    train_pattern: str,
+    eval_pattern: str,
+    label: str,
+    metric_sinks: Sequence[MetricSink] = (),
+) -> TrainResult:
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns)."""
     keras.utils.set_random_seed(config.seed)
     module = load_module(config.module_file)
@@ -119,6 +134,9 @@ def train(config: TrainerConfig, train_pattern: str, eval_pattern: str, label: s
         summary = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
         log.info("epoch %d/%d step %d train_loss=%.4g eval %s (%.0f examples/s)",
                  epoch, config.epochs, step, loss_sum / max(batches, 1), summary, rate)
+        for sink in metric_sinks:
+            sink.log(step, {"train/loss": loss_sum / max(batches, 1), "train/examples_per_sec": rate,
+                            **{f"eval/{k}": v for k, v in metrics.items()}})
         if config.max_steps and step >= config.max_steps:
             break
     return TrainResult(model, kinds, heads, stats, metrics, step)

@@ -1,0 +1,55 @@
+"""`python -m bench [--only NAME]`: runs the benchmarks and writes bench/results/NAME.json.
+
+Each benchmark is a module `bench/<name>.py` with `run() -> dict`; figures in one dict are
+measured side by side in one process, so their ratios hold even on a noisy shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS = ["train", "serving", "tflite", "pipeline"]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    import tensorflow as tf
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "tensorflow": tf.__version__,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--only", default="all", help=f"one of {BENCHMARKS} or 'all'")
+    args = parser.parse_args(argv)
+    names = BENCHMARKS if args.only == "all" else [args.only]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"bench: unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS}", file=sys.stderr)
+        return 2
+    RESULTS.mkdir(exist_ok=True)
+    for name in names:
+        module = importlib.import_module(f"bench.{name}")
+        started = time.time()
+        result = module.run()
+        result["machine"] = machine()
+        result["wall_seconds"] = round(time.time() - started, 1)
+        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"bench {name}: wrote {RESULTS / (name + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
