@@ -12,6 +12,14 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child Python process that must import this checkout's code."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
 def make_config(root: Path, *overrides: str):
     from pipeline.config import load_config
 

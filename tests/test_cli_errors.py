@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import subprocess_env
 from pipeline.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ def test_bad_config_key(capsys):
 def test_console_entry_point_reports_without_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"), "--set", "data.nope=1"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, env=subprocess_env(),
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
