@@ -1,0 +1,96 @@
+"""TF Serving's `models.config` (a ModelServerConfig textproto): build, read, write atomically,
+and move version labels. Used by the pipeline (after a push), `loopline promote` and the server.
+
+Model names must be plain names and base paths must stay inside the serving root, so a config
+cannot point the server at files outside it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+MODEL_CONFIG_FILE = "models.config"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ModelConfigError(ValueError):
+    """A models.config problem, naming the model and what is wrong."""
+
+
+def model_config_path(serving_root: str) -> str:
+    return os.path.join(serving_root, MODEL_CONFIG_FILE)
+
+
+def check_model_name(name: str) -> str:
+    if not _NAME.match(name) or name in (".", ".."):
+        raise ModelConfigError(f"model name {name!r} is not a plain name (letters, digits, '_', '.', '-')")
+    return name
+
+
+def safe_base_path(serving_root: str, name: str) -> str:
+    """`<serving_root>/<name>`, refusing anything that resolves outside the serving root."""
+    check_model_name(name)
+    root = os.path.realpath(serving_root)
+    base = os.path.realpath(os.path.join(root, name))
+    if os.path.dirname(base) != root:
+        raise ModelConfigError(f"model {name!r}: base path {base} escapes the serving root {root}")
+    return base
+
+
+def available_versions(base_path: str) -> list[int]:
+    """Numeric version folders holding a saved_model.pb, ascending."""
+    if not os.path.isdir(base_path):
+        return []
+    versions = []
+    for entry in os.listdir(base_path):
+        if entry.isdigit() and os.path.isfile(os.path.join(base_path, entry, "saved_model.pb")):
+            versions.append(int(entry))
+    return sorted(versions)
+
+
+def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        with open(path) as f:
+            text_format.Parse(f.read(), config)
+    except text_format.ParseError as exc:
+        raise ModelConfigError(f"{path}: not a valid ModelServerConfig textproto: {exc}") from None
+    return config
+
+
+def write_model_server_config(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
+    """Writes via a temporary file and rename, so a polling server never reads half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".models.config.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text_format.MessageToString(config))
+    os.replace(tmp, path)
+
+
+def find_model(config: model_server_config_pb2.ModelServerConfig, name: str):
+    for model in config.model_config_list.config:
+        if model.name == name:
+            return model
+    raise ModelConfigError(f"model {name!r} is not in models.config")
+
+
+def set_version_labels(path: str, name: str, labels: dict[str, int]) -> model_server_config_pb2.ModelServerConfig:
+    """Points each label at a version (others keep theirs) and makes sure labelled versions are
+    served: TF Serving only resolves labels to loaded versions."""
+    config = read_model_server_config(path)
+    model = find_model(config, name)
+    available = available_versions(model.base_path)
+    for label, version in labels.items():
+        if version not in available:
+            raise ModelConfigError(f"model {name!r}: label {label!r} -> version {version}, but versions on disk are {available}")
+        model.version_labels[label] = version
+    wanted = sorted(set(model.version_labels.values()) | ({available[-1]} if available else set()))
+    model.model_version_policy.Clear()
+    model.model_version_policy.specific.versions.extend(wanted)
+    write_model_server_config(path, config)
+    return config
