@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.report import write_report
+
 BENCHMARKS = ["train", "serving", "tflite", "pipeline"]
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -48,6 +50,7 @@ def main(argv=None) -> int:
         result["wall_seconds"] = round(time.time() - started, 1)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
         print(f"bench {name}: wrote {RESULTS / (name + '.json')}")
+    print(f"bench: wrote {write_report()}")
     return 0
 
 
