@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import ConfigError, LooplineConfig
-from pipeline.pipeline import create_pipeline, tfx_root
 
 log = logging.getLogger("loopline")
 
@@ -82,14 +81,16 @@ def compile_kubeflow(
     allow_local_paths: bool = False,
 ) -> CompiledSpec:
     """Writes the pipeline spec to `output` (.json: PipelineJob; .yaml/.yml: PipelineSpec)."""
-    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as kfv2
-
     if not image or any(c.isspace() for c in image):
         raise ConfigError(f"--image: {image!r} is not a container image reference")
     output = Path(output)
     if output.suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"--output: {output} must end in .json (Vertex PipelineJob) or .yaml (KFP PipelineSpec)")
     warnings = check_paths_for_pods(config, allow_local_paths)
+    # Imported after the checks: a refused config costs no TensorFlow import.
+    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as kfv2
+
+    from pipeline.pipeline import create_pipeline, tfx_root
 
     tfx_pipeline = create_pipeline(config, local_metadata=False)  # the KFP backend brings ML Metadata
     runner = kfv2.KubeflowV2DagRunner(
