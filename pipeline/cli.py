@@ -33,12 +33,36 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = _config(args)
+    compiled = compile_kubeflow(config, args.image, args.output, allow_local_paths=args.allow_local_paths)
+    print("\n".join([
+        f"wrote      {compiled.path}",
+        f"tasks      {', '.join(compiled.tasks)}",
+        f"image      {compiled.image}",
+        f"root       {compiled.pipeline_root}",
+        *(f"warning    {w}" for w in compiled.warnings),
+    ]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
     _common(run)
     run.set_defaults(func=cmd_run)
+    compile_ = sub.add_parser("compile", help="write the pipeline spec for Kubeflow Pipelines / Vertex AI Pipelines")
+    _common(compile_)
+    compile_.add_argument("--target", choices=["kubeflow"], required=True, help="the orchestrator to compile for")
+    compile_.add_argument("--image", required=True, help="container image every component runs in (infra/Dockerfile)")
+    compile_.add_argument("--output", default="pipeline.json",
+                          help="spec file: .json (Vertex PipelineJob) or .yaml (Kubeflow Pipelines); default pipeline.json")
+    compile_.add_argument("--allow-local-paths", action="store_true",
+                          help="accept local pipeline.root/data.path: a volume mounted at that path in every pod")
+    compile_.set_defaults(func=cmd_compile)
     return parser
 
 

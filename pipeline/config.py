@@ -6,7 +6,7 @@ with the dotted key named. Relative paths are relative to the configuration file
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,6 +27,10 @@ class PipelineSection(_Section):
     name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
     root: str = "workspace"
     enable_cache: bool = True
+    # Apache Beam options for the Beam-based components (ExampleGen, Pusher...), e.g.
+    # ["--direct_running_mode=multi_processing", "--direct_num_workers=0"] or a Flink, Spark or
+    # Dataflow runner's flags. Empty: Beam's DirectRunner in-process.
+    beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = []
 
 
 class DataSection(_Section):

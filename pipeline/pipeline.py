@@ -32,7 +32,8 @@ def _module_digest(path: str | None) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and os.path.isfile(path) else ""
 
 
-def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
+def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
+    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
     # ExampleGen reads a folder; the folder of data.path with a pattern naming the file.
     data_dir, data_file = os.path.split(config.data.path)
     from tfx.proto import example_gen_pb2
@@ -58,5 +59,8 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
         pipeline_root=tfx_root(config),
         components=[example_gen, trainer, pusher],
         enable_cache=config.pipeline.enable_cache,
-        metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path(config)),
+        metadata_connection_config=(
+            metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None
+        ),
+        beam_pipeline_args=list(config.pipeline.beam_args),
     )

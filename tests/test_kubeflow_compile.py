@@ -1,0 +1,178 @@
+"""`loopline compile --target kubeflow`: the KFP v2 spec holds every component of the pipeline as a
+task, in the pipeline's order, each running in the given image, with the pipeline root, MLflow
+location and Beam args where the pods read them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, make_config, subprocess_env
+
+IMAGE = "registry.example.com/ml/loopline:1.2.3"
+ROOT = "gs://loopline-test-bucket/penguins"
+DATA = "gs://loopline-test-bucket/data/penguins.csv"
+MLFLOW = "https://mlflow.example.com"
+BEAM = '["--runner=DataflowRunner","--project=p","--region=europe-west4"]'
+
+
+def remote_config(tmp_path, *overrides):
+    return make_config(
+        tmp_path, f"pipeline.root={ROOT}", f"data.path={DATA}", f"mlflow.tracking_uri={MLFLOW}",
+        f"pipeline.beam_args={BEAM}", *overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(config, the TFX pipeline, the PipelineJob JSON) for a remote configuration."""
+    from pipeline.kubeflow_runner import compile_kubeflow
+    from pipeline.pipeline import create_pipeline
+
+    tmp = tmp_path_factory.mktemp("kfp")
+    config = remote_config(tmp)
+    result = compile_kubeflow(config, IMAGE, tmp / "pipeline.json")
+    job = json.loads((tmp / "pipeline.json").read_text())
+    assert result.warnings == []
+    return config, create_pipeline(config, local_metadata=False), job, result
+
+
+def test_every_component_is_a_task_in_the_image(compiled):
+    _, pipeline, job, result = compiled
+    spec = job["pipelineSpec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    ids = [c.id for c in pipeline.components]
+    assert set(ids) <= set(tasks)
+    assert result.tasks == ids
+    executors = spec["deploymentSpec"]["executors"]
+    for task_id in ids:
+        executor = spec["components"][tasks[task_id]["componentRef"]["name"]]["executorLabel"]
+        container = executors[executor]["container"]
+        assert container["image"] == IMAGE, task_id
+        assert container["command"][:3] == ["python", "-m", "tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor"]
+
+
+def test_executor_classes_are_installed_by_the_image(compiled):
+    """Each executor class lives in tfx or in a loopline package that the image installs."""
+    _, _, job, _ = compiled
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    installed = {"tfx", *(p.rstrip("*") for p in packages)}
+    for name, executor in job["pipelineSpec"]["deploymentSpec"]["executors"].items():
+        args = executor["container"]["args"]
+        class_path = args[args.index("--executor_class_path") + 1]
+        assert class_path.split(".")[0] in installed, (name, class_path)
+    trainer = job["pipelineSpec"]["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["args"]
+    assert trainer[trainer.index("--executor_class_path") + 1].startswith("components.trainer.")
+
+
+def test_dependencies_follow_the_pipeline(compiled):
+    _, pipeline, job, _ = compiled
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    for component in pipeline.components:
+        upstream = {node.id for node in component.upstream_nodes}
+        assert upstream <= set(tasks[component.id].get("dependentTasks", [])), component.id
+    assert "dependentTasks" not in tasks["CsvExampleGen"]
+    assert "CsvExampleGen" in tasks["Trainer"]["dependentTasks"]
+    trainer_model = tasks["Pusher"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
+    assert trainer_model["producerTask"] == "Trainer"
+
+
+def test_root_data_mlflow_and_beam_args_reach_the_pods(compiled):
+    _, _, job, result = compiled
+    spec = job["pipelineSpec"]
+    assert job["runtimeConfig"]["gcsOutputDirectory"] == f"{ROOT}/tfx"
+    assert spec["defaultPipelineRoot"] == f"{ROOT}/tfx"
+    assert result.pipeline_root == f"{ROOT}/tfx"
+    assert spec["schemaVersion"] == "2.1.0"
+    tasks = spec["root"]["dag"]["tasks"]
+
+    def constant(task, name):
+        return tasks[task]["inputs"]["parameters"][name]["runtimeValue"]["constant"]
+
+    assert constant("CsvExampleGen", "input_base") == "gs://loopline-test-bucket/data"
+    assert json.loads(constant("Pusher", "push_destination"))["filesystem"]["base_directory"] == f"{ROOT}/serving/penguins"
+    for name, executor in spec["deploymentSpec"]["executors"].items():
+        env = {e["name"]: e["value"] for e in executor["container"]["env"]}
+        assert env["MLFLOW_TRACKING_URI"] == MLFLOW, name
+        assert env["MLFLOW_EXPERIMENT_NAME"] == "loopline", name
+    example_gen = spec["deploymentSpec"]["executors"]["CsvExampleGen_executor"]["container"]
+    for arg in json.loads(BEAM):
+        assert arg in example_gen["args"]
+
+
+def test_json_is_a_pipeline_job_and_yaml_a_pipeline_spec(compiled, tmp_path):
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config, _, job, _ = compiled
+    json_format.ParseDict(job, pipeline_spec_pb2.PipelineJob())  # Vertex AI Pipelines' format
+    compile_kubeflow(config, IMAGE, tmp_path / "pipeline.yaml")
+    docs = list(yaml.safe_load_all((tmp_path / "pipeline.yaml").read_text()))
+    assert len(docs) == 1
+    spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())  # what kfp.Client uploads
+    assert spec.default_pipeline_root == f"{ROOT}/tfx"
+    assert set(spec.root.dag.tasks) == set(job["pipelineSpec"]["root"]["dag"]["tasks"])
+    assert {e["container"]["image"] for e in docs[0]["deploymentSpec"]["executors"].values()} == {IMAGE}
+
+
+@pytest.mark.parametrize("key, override", [("pipeline.root", "pipeline.root=workspace"), ("data.path", "data.path=/srv/penguins.csv")])
+def test_local_paths_are_refused_naming_the_key(tmp_path, key, override):
+    from pipeline.config import ConfigError
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = remote_config(tmp_path, override)
+    with pytest.raises(ConfigError, match=rf"^{key}: .*pods cannot see.*--allow-local-paths"):
+        compile_kubeflow(config, IMAGE, tmp_path / "p.json")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_mounted_volume_paths_compile_with_warnings(tmp_path):
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = make_config(tmp_path / "mnt")
+    result = compile_kubeflow(config, IMAGE, tmp_path / "p.json", allow_local_paths=True)
+    assert any(w.startswith("pipeline.root:") for w in result.warnings)
+    assert any(w.startswith("data.path:") for w in result.warnings)
+    assert any(w.startswith("mlflow.tracking_uri:") for w in result.warnings)
+    job = json.loads((tmp_path / "p.json").read_text())
+    assert job["runtimeConfig"]["gcsOutputDirectory"] == str(tmp_path / "mnt" / "tfx")
+    assert not (tmp_path / "mnt" / "metadata.sqlite").exists()  # Kubeflow keeps ML Metadata
+
+
+def test_bad_image_and_output_are_refused(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = remote_config(tmp_path)
+    with pytest.raises(ConfigError, match="--image"):
+        compile_kubeflow(config, "not an image", tmp_path / "p.json")
+    with pytest.raises(ConfigError, match="--output"):
+        compile_kubeflow(config, IMAGE, tmp_path / "p.txt")
+
+
+def test_cli_compile(tmp_path):
+    out = tmp_path / "spec" / "penguins.yaml"
+    base = [sys.executable, "-m", "pipeline.cli", "compile", "--config", str(REPO / "loopline.yaml")]
+    ok = subprocess.run(
+        [*base, "--target", "kubeflow", "--image", IMAGE, "--output", str(out),
+         "--set", f"pipeline.root={ROOT}", "--set", f"data.path={DATA}", "--set", f"mlflow.tracking_uri={MLFLOW}"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert f"wrote      {out}" in ok.stdout
+    assert "tasks      CsvExampleGen, Trainer" in ok.stdout
+    assert yaml.safe_load(out.read_text())["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["image"] == IMAGE
+
+    refused = subprocess.run(
+        [*base, "--target", "kubeflow", "--image", IMAGE, "--output", str(tmp_path / "x.json")],
+        env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )
+    assert refused.returncode == 2
+    assert "loopline: error: pipeline.root:" in refused.stderr
+    assert not (tmp_path / "x.json").exists()
