@@ -191,3 +191,24 @@ def test_mixed_precision_model_exports_in_float32(trained, tmp_path):
     export_saved_model(copy, result.kinds, result.heads, str(tmp_path / "sm"))
     content = tflite.convert(str(tmp_path / "sm"), "float32")
     assert len(content) > 1000
+
+
+def test_parity_gate_catches_unfrozen_variables(trained, tmp_path):
+    """A hand-rolled tf.Module export whose function closes over the Keras variables converts
+    with READ_VARIABLE ops that read garbage; the gate must refuse it."""
+    result = trained[0]
+    model = result.model
+    from trainer.export import named_outputs, raw_input_spec
+
+    module = tf.Module()
+    module.model = model
+    module.serve = tf.function(lambda features: named_outputs(result.heads, model(features, training=False)),
+                               input_signature=[raw_input_spec(result.kinds)])
+    path = str(tmp_path / "hand_rolled")
+    tf.saved_model.save(module, path, signatures={"predict_raw": module.serve})
+    _, features, labels = eval_inputs(trained)
+    reference = tflite.run_saved_model(tf.saved_model.load(path).signatures["predict_raw"], features)
+    content = tflite.convert(path, "float32")
+    report = tflite.check_variant("float32", content, reference, features, labels, result.heads, 1e-4, 1e-6)
+    assert not report.passed, report.max_abs_diff
+    assert report.max_abs_diff.get("scores", 0) > 0.01 or "does not run" in report.problems[0], report.problems
