@@ -11,7 +11,7 @@ TFLiteVariant = Literal["float32", "dynamic_range", "float16", "int8"]
 # and max metric delta (accuracy; RMSE in label standard deviations) a variant may show.
 # Full-integer int8 can move single borderline probabilities a lot (0.3 seen on penguins)
 # without changing the predicted classes; its metric delta is the tighter gate.
-DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.05, "float16": 0.01, "int8": 0.5}
+DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.05, "float16": 0.05, "int8": 0.5}
 DEFAULT_METRIC_TOLERANCE = {"float32": 1e-6, "dynamic_range": 0.02, "float16": 0.01, "int8": 0.03}
 
 
