@@ -112,6 +112,10 @@ def latest_version(base: str) -> str | None:
     return os.path.join(base, str(max(versions))) if versions else None
 
 
+def _is_loopline_export(saved_model_dir: str) -> bool:
+    return (Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE).is_file()
+
+
 def lower_is_better(metric: str) -> bool:
     return not metric.endswith("accuracy")
 
@@ -178,6 +182,11 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_base: st
     champion_dir = latest_version(champion_base) if champion_base and config.compare_to_champion else None
     champion, problem = None, None
     if champion_dir is not None:
+        theirs = [h.name for h in read_signature(champion_dir)[1]] if _is_loopline_export(champion_dir) else None
+        ours = [h.name for h in read_signature(candidate_dir)[1]]
+        if theirs is not None and theirs != ours:
+            problem = f"{champion_dir} predicts {theirs}, the candidate {ours}: metrics are not comparable"
+            return decide(candidate, None, config, champion_dir, problem)
         try:
             champion = evaluate_saved_model(champion_dir, eval_pattern, config.eval_examples)
         except Exception as exc:  # A broken champion must not block its replacement; say so.
