@@ -24,18 +24,23 @@ def Trainer(
     trainer_config: Parameter[str],
     label: Parameter[str],
     module_sha256: Parameter[str] = "",
+    export_config: Parameter[str] = "{}",
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
-    edits to the user's module file."""
+    edits to the user's module file; `export_config` is the `export:` section as JSON."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
-    from trainer.export import export_saved_model
+    from trainer.export import export_model
+    from trainer.export_config import ExportConfig
     from trainer.loop import train
 
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
     result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label)
-    export_saved_model(result.model, result.kinds, result.heads, path_utils.serving_model_path(model.uri))
+    # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
+    export_model(result.model, result.kinds, result.heads, result.metrics, path_utils.serving_model_path(model.uri),
+                 model.uri, split_pattern(examples, "train"), split_pattern(examples, "eval"),
+                 ExportConfig.model_validate_json(export_config))
     metrics = {**result.metrics, "steps": result.steps}
     with open(os.path.join(model_run.uri, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)

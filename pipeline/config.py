@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.config import ServingConfig
 from trainer.config import TrainerConfig
+from trainer.export_config import EvaluatorConfig, ExportConfig
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,8 @@ class LooplineConfig(_Section):
     data: DataSection = DataSection()
     trainer: TrainerConfig = TrainerConfig()
     serving: ServingConfig = ServingConfig()
+    export: ExportConfig = ExportConfig()
+    evaluator: EvaluatorConfig = EvaluatorConfig()
     mlflow: MlflowSection = MlflowSection()
 
     def as_dict(self) -> dict[str, Any]:

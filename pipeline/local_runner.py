@@ -1,6 +1,7 @@
 """Runs the pipeline locally with TFX's LocalDagRunner and ML Metadata on SQLite."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ class RunSummary:
     saved_model: str | None
     metrics: dict[str, float] = field(default_factory=dict)
     executions: dict[str, str] = field(default_factory=dict)  # component -> COMPLETE/CACHED/...
+    blessed: bool | None = None  # None: no Evaluator ran
+    blessing_reasons: list[str] = field(default_factory=list)  # every check, failed ones first
 
     def lines(self) -> list[str]:
         out = [f"model      {self.model_name}"]
@@ -29,6 +32,9 @@ class RunSummary:
             out.append(f"pushed to  {self.pushed_path}")
         if self.saved_model:
             out.append(f"SavedModel {self.saved_model}")
+        if self.blessed is not None:
+            out.append(f"blessing   {'blessed' if self.blessed else 'NOT blessed (not pushed)'}")
+            out += [f"           - {reason}" for reason in self.blessing_reasons]
         for key, value in sorted(self.metrics.items()):
             out.append(f"eval       {key} = {value:.4g}")
         out.append("components " + ", ".join(f"{k}: {v}" for k, v in self.executions.items()))
@@ -68,6 +74,13 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
     metrics = {}
     if model is not None:
         metrics = {k[len("eval_"):]: v.double_value for k, v in model.custom_properties.items() if k.startswith("eval_")}
+    blessing = newest("ModelBlessing")
+    blessed, reasons = None, []
+    if blessing is not None:
+        blessed = blessing.custom_properties["blessed"].int_value == 1
+        if "reasons" in blessing.custom_properties:
+            reasons = json.loads(blessing.custom_properties["reasons"].string_value)
+        reasons.sort(key=lambda r: not r.startswith("FAILED"))
     pushed_ok = pushed is not None and pushed.custom_properties["pushed"].int_value == 1
     return RunSummary(
         model_name=config.serving.model_name,
@@ -76,6 +89,8 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         saved_model=os.path.join(model.uri, "Format-Serving") if model is not None else None,
         metrics=metrics,
         executions=executions,
+        blessed=blessed,
+        blessing_reasons=reasons,
     )
 
 

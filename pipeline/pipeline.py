@@ -11,6 +11,7 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
+from components.evaluator import Evaluator
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
 
@@ -47,9 +48,18 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
+        export_config=config.export.model_dump_json(),
+    )
+    # The champion is the last pushed version until the registry names one.
+    evaluator = Evaluator(
+        examples=example_gen.outputs["examples"],
+        model=trainer.outputs["model"],
+        evaluator_config=config.evaluator.model_dump_json(),
+        champion_base=serving_base(config),
     )
     pusher = Pusher(
         model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
         push_destination=pusher_pb2.PushDestination(
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
@@ -57,7 +67,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, trainer, pusher],
+        components=[example_gen, trainer, evaluator, pusher],
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None

@@ -8,15 +8,25 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from trainer.evaluation import SIGNATURE_FILE, label_kinds, read_examples
+from trainer.export_config import ExportConfig
 from trainer.features import FeatureKinds, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
+from trainer import tflite
+from trainer.warmup import write_warmup
 
-SIGNATURE_FILE = "loopline_signature.json"
+log = logging.getLogger("loopline.export")
+REPORT_JSON = "export_report.json"
+REPORT_MD = "export_report.md"
+TFLITE_DIR = "Format-TFLite"
 
 
 def named_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -62,3 +72,130 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     assets.mkdir(parents=True, exist_ok=True)
     (assets / SIGNATURE_FILE).write_text(json.dumps(description, indent=2))
     return export_dir
+
+
+def float32_model(model: keras.Model) -> keras.Model:
+    """The model itself when it computes in float32; otherwise a float32 copy with the same
+    weights (a mixed-precision graph serves slowly on CPUs and does not convert to TFLite)."""
+    policies = {layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)}
+    if policies <= {"float32"}:
+        return model
+
+    def to_float32(node):
+        if isinstance(node, dict):
+            if node.get("class_name") == "DTypePolicy" or node.get("class_name") == "FloatDTypePolicy":
+                return "float32"
+            return {k: to_float32(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [to_float32(v) for v in node]
+        if isinstance(node, str) and node.startswith("mixed_"):
+            return "float32"
+        return node
+
+    config = to_float32(keras.saving.serialize_keras_object(model))
+    copy = keras.saving.deserialize_keras_object(config)
+    copy.set_weights([np.asarray(w, np.float32) for w in model.get_weights()])
+    return copy
+
+
+def _parsed_numpy(examples: list[bytes], kinds: dict[str, str]) -> dict[str, np.ndarray]:
+    parsed = parse_examples(tf.constant(examples), kinds)
+    return {k: v.numpy() for k, v in parsed.items()}
+
+
+def _folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _signatures(loaded) -> dict:
+    out = {}
+    for name, fn in loaded.signatures.items():
+        inputs = fn.structured_input_signature[1]
+        out[name] = {
+            "inputs": {k: {"dtype": v.dtype.name, "shape": v.shape.as_list()} for k, v in sorted(inputs.items())},
+            "outputs": {k: {"dtype": v.dtype.name, "shape": v.shape.as_list()} for k, v in sorted(fn.structured_outputs.items())},
+        }
+    return out
+
+
+def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], metrics: dict[str, float],
+                 serving_dir: str, artifact_dir: str, train_pattern: str, eval_pattern: str,
+                 config: ExportConfig) -> dict:
+    """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
+    and the report (`export_report.json`/`.md` in `artifact_dir`). Raises tflite.ParityError,
+    after writing the report, when a variant is over its tolerance."""
+    model = float32_model(model)
+    export_saved_model(model, kinds, heads, serving_dir)
+    eval_examples = read_examples(eval_pattern, config.parity_examples)
+    if not eval_examples:
+        raise ValueError(f"no eval examples in {eval_pattern}")
+    features = _parsed_numpy(eval_examples, kinds)
+    labels = _parsed_numpy(eval_examples, label_kinds(heads))
+    warm = min(config.warmup_examples, len(eval_examples))
+    write_warmup(serving_dir, eval_examples[:warm], {k: v[:warm] for k, v in features.items()})
+
+    loaded = tf.saved_model.load(serving_dir)
+    raw = loaded.signatures[tflite.SIGNATURE]
+    reference = tflite.run_saved_model(raw, features)
+    one = {k: v[:1] for k, v in features.items()}
+    report = {
+        "signatures": _signatures(loaded),
+        "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
+                        "latency_ms": tflite.saved_model_latency_ms(raw, one, config.latency_runs)},
+        "metrics": metrics,
+        "tflite": [],
+    }
+    representative = None
+    if "int8" in config.tflite_variants:
+        representative = _parsed_numpy(read_examples(train_pattern, config.representative_examples), kinds)
+    os.makedirs(os.path.join(artifact_dir, TFLITE_DIR), exist_ok=True)
+    results = []
+    for variant in config.tflite_variants:
+        content = tflite.convert(serving_dir, variant, representative)
+        path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
+        Path(path).write_bytes(content)
+        result = tflite.check_variant(variant, content, reference, features, labels, heads,
+                                      config.output_tolerance[variant], config.metric_tolerance[variant], path)
+        if result.passed:
+            result.latency_ms = tflite.tflite_latency_ms(content, one, config.latency_runs)
+        log.info("tflite %s: %d bytes, max abs diff %s, %s", variant, result.size_bytes, result.max_abs_diff,
+                 "parity ok" if result.passed else "; ".join(result.problems))
+        results.append(result)
+    report["tflite"] = [r.to_json() for r in results]
+    write_report(artifact_dir, report)
+    if any(not r.passed for r in results):
+        raise tflite.ParityError(results)
+    return report
+
+
+def write_report(folder: str, report: dict, blessing: dict | None = None) -> None:
+    """`export_report.json` and a short `export_report.md` (plus the blessing when known)."""
+    if blessing is not None:
+        report = {**report, "blessing": blessing}
+    Path(folder, REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    Path(folder, REPORT_MD).write_text(report_markdown(report))
+
+
+def report_markdown(report: dict) -> str:
+    lines = ["# Export report", "", "## Signatures", ""]
+    for name, sig in report["signatures"].items():
+        ins = ", ".join(f"`{k}` {v['dtype']}{v['shape']}" for k, v in sig["inputs"].items())
+        outs = ", ".join(f"`{k}` {v['dtype']}" for k, v in sig["outputs"].items())
+        lines.append(f"- `{name}`: {ins} -> {outs}")
+    saved = report["saved_model"]
+    lines += ["", "## Sizes, parity and latency (one example)", "",
+              "| model | size | max abs diff | metric delta | latency ms | parity |", "|---|---|---|---|---|---|",
+              f"| SavedModel | {saved['size_bytes']:,} B | | | {saved['latency_ms']:.3f} | reference |"]
+    for v in report["tflite"]:
+        diff = ", ".join(f"{k} {x:.2g}" for k, x in v["max_abs_diff"].items())
+        delta = ", ".join(f"{k} {x:.2g}" for k, x in v["metric_delta"].items())
+        latency = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else "-"
+        lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {latency} | "
+                     f"{'ok' if v['passed'] else 'FAILED: ' + '; '.join(v['problems'])} |")
+    lines += ["", "## Eval metrics", ""]
+    lines += [f"- {k}: {v:.4g}" for k, v in sorted(report["metrics"].items())]
+    blessing = report.get("blessing")
+    if blessing is not None:
+        lines += ["", "## Blessing", "", f"**{'blessed' if blessing['blessed'] else 'not blessed'}**", ""]
+        lines += [f"- {r}" for r in blessing["reasons"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+"""TFLite variants vs the SavedModel: size and latency, side by side in one process.
+
+Trains the generic tabular model on the bundled penguins data for a few epochs, exports it with
+all four TFLite variants (each through the parity gate), then times `predict_raw` for one example
+and for a batch of 256 in the SavedModel (TensorFlow) and in each variant (LiteRT).
+"""
+from __future__ import annotations
+
+import csv
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import tflite
+from trainer.config import TrainerConfig
+from trainer.evaluation import read_examples
+from trainer.export import export_model
+from trainer.export_config import ExportConfig
+from trainer.features import parse_examples
+from trainer.loop import train
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "penguins.csv"
+VARIANTS = ["float32", "dynamic_range", "float16", "int8"]
+RUNS = 200
+BATCH = 256
+
+
+def write_splits(folder: Path) -> tuple[str, str]:
+    """The CSV as GZIP tf.Example TFRecords, every third row into eval."""
+    options = tf.io.TFRecordOptions(compression_type="GZIP")
+    paths = {"train": folder / "train.gz", "eval": folder / "eval.gz"}
+    writers = {k: tf.io.TFRecordWriter(str(p), options) for k, p in paths.items()}
+    for i, row in enumerate(csv.DictReader(DATA.open())):
+        feature = {}
+        for name, value in row.items():
+            if value in ("", "NA"):
+                continue
+            try:
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+            except ValueError:
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        writers["eval" if i % 3 == 2 else "train"].write(
+            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    for writer in writers.values():
+        writer.close()
+    return str(paths["train"]), str(paths["eval"])
+
+
+def median_ms(fn, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def run() -> dict:
+    from ai_edge_litert.interpreter import Interpreter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        train_pattern, eval_pattern = write_splits(folder)
+        result = train(TrainerConfig(epochs=10), train_pattern, eval_pattern, "species")
+        serving = folder / "model" / "Format-Serving"
+        report = export_model(result.model, result.kinds, result.heads, result.metrics, str(serving),
+                              str(folder / "model"), train_pattern, eval_pattern,
+                              ExportConfig(tflite_variants=VARIANTS, latency_runs=RUNS))
+        examples = read_examples(eval_pattern)
+        features = {k: v.numpy() for k, v in parse_examples(tf.constant(examples), result.kinds).items()}
+        batch = {k: np.resize(v, (BATCH, 1)) for k, v in features.items()}
+        raw = tf.saved_model.load(str(serving)).signatures["predict_raw"]
+        tf_batch = {k: tf.constant(v) for k, v in batch.items()}
+        saved_batch_ms = median_ms(lambda: raw(**tf_batch), RUNS // 4)
+        saved = {"size_bytes": report["saved_model"]["size_bytes"], "latency_ms_1": report["saved_model"]["latency_ms"],
+                 f"latency_ms_{BATCH}": saved_batch_ms}
+        rows = {"saved_model": saved}
+        for variant in report["tflite"]:
+            runner = Interpreter(model_path=variant["path"]).get_signature_runner("predict_raw")
+            inputs = tflite.as_numpy_inputs(batch)
+            rows[f"tflite_{variant['variant']}"] = {
+                "size_bytes": variant["size_bytes"],
+                "latency_ms_1": variant["latency_ms"],
+                f"latency_ms_{BATCH}": median_ms(lambda: runner(**inputs), RUNS // 4),
+                "max_abs_diff_scores": variant["max_abs_diff"]["scores"],
+                "accuracy_delta": variant["metric_delta"]["species_accuracy"],
+            }
+    for name, row in rows.items():
+        row["size_vs_saved_model"] = round(row["size_bytes"] / saved["size_bytes"], 4)
+        row["latency_1_vs_saved_model"] = round(row["latency_ms_1"] / saved["latency_ms_1"], 4)
+        row[f"latency_{BATCH}_vs_saved_model"] = round(row[f"latency_ms_{BATCH}"] / saved[f"latency_ms_{BATCH}"], 4)
+    print(f"{'model':<22}{'size B':>10}{'size x':>9}{'1 ex ms':>10}{'x':>8}{BATCH:>5} ex ms{'x':>8}")
+    for name, row in rows.items():
+        print(f"{name:<22}{row['size_bytes']:>10,}{row['size_vs_saved_model']:>9.3f}{row['latency_ms_1']:>10.3f}"
+              f"{row['latency_1_vs_saved_model']:>8.3f}{row[f'latency_ms_{BATCH}']:>11.3f}{row[f'latency_{BATCH}_vs_saved_model']:>8.3f}")
+    return {"eval_accuracy": result.metrics["species_accuracy"], "runs": RUNS, "batch": BATCH, "models": rows}

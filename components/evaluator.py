@@ -1,0 +1,55 @@
+"""The pipeline's Evaluator: evaluates the candidate and the champion (the last pushed model)
+on the eval split and writes the standard ModelBlessing artifact the Pusher checks.
+
+Its folder holds `BLESSED` or `NOT_BLESSED` (TFX's convention), `blessing.json` with every
+check, and the model's export report completed with the blessing decision.
+"""
+
+import json
+import logging
+import os
+
+from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import artifact_utils
+from tfx.types.standard_artifacts import Examples, Model, ModelBlessing
+from tfx.utils import path_utils
+
+
+@component
+def Evaluator(
+    examples: InputArtifact[Examples],
+    model: InputArtifact[Model],
+    blessing: OutputArtifact[ModelBlessing],
+    evaluator_config: Parameter[str],
+    champion_base: Parameter[str] = "",
+) -> None:
+    """`evaluator_config` is the `evaluator:` section as JSON; `champion_base` the TF Serving
+    base path whose highest version is the champion ("" for none)."""
+    from trainer.evaluation import evaluate_and_decide
+    from trainer.export import REPORT_JSON, write_report
+    from trainer.export_config import EvaluatorConfig
+
+    log = logging.getLogger("loopline.evaluator")
+    config = EvaluatorConfig.model_validate_json(evaluator_config)
+    eval_pattern = os.path.join(artifact_utils.get_split_uri([examples], "eval"), "*")
+    candidate = path_utils.serving_model_path(model.uri)
+    decision = evaluate_and_decide(candidate, eval_pattern, champion_base or None, config)
+    log.info("model %s", decision.summary())
+
+    with open(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w"):
+        pass
+    with open(os.path.join(blessing.uri, "blessing.json"), "w") as f:
+        json.dump(decision.to_json(), f, indent=2)
+    report_path = os.path.join(model.uri, REPORT_JSON)
+    if os.path.isfile(report_path):
+        with open(report_path) as f:
+            write_report(blessing.uri, json.load(f), decision.to_json())
+
+    blessing.set_int_custom_property("blessed", 1 if decision.blessed else 0)
+    blessing.set_string_custom_property("current_model", model.uri)
+    blessing.set_int_custom_property("current_model_id", model.id)
+    blessing.set_string_custom_property("baseline_model", decision.champion_path or "")
+    blessing.set_string_custom_property("reasons", json.dumps(decision.reasons))
+    for key, value in decision.candidate.items():
+        blessing.set_float_custom_property(f"eval_{key}", float(value))

@@ -1,0 +1,86 @@
+"""Blessing: the decision rules, and real LocalDagRunner runs where only blessed models are pushed."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.evaluation import decide, latest_version, read_examples
+from trainer.export_config import Bound, EvaluatorConfig
+from trainer.features import parse_examples
+from trainer.warmup import read_warmup
+
+
+def test_thresholds_and_regression_rules():
+    config = EvaluatorConfig(thresholds={"species_accuracy": Bound(min=0.8)}, regression_metrics=["loss", "species_accuracy"],
+                             relative_tolerance=0.1, absolute_tolerance=0.0)
+    good = {"species_accuracy": 0.95, "loss": 0.20}
+    assert decide(good, None, config).blessed
+    assert decide(good, {"species_accuracy": 0.96, "loss": 0.19}, config).blessed  # within 10%
+    worse = decide({"species_accuracy": 0.95, "loss": 0.30}, {"species_accuracy": 0.95, "loss": 0.20}, config)
+    assert not worse.blessed and worse.failed == ["loss 0.3 vs champion 0.2 (worse by 0.1, allowed 0.02)"]
+    less_accurate = decide({"species_accuracy": 0.81, "loss": 0.2}, {"species_accuracy": 0.99, "loss": 0.2}, config)
+    assert not less_accurate.blessed and "species_accuracy 0.81 vs champion 0.99" in less_accurate.failed[0]
+    below = decide({"species_accuracy": 0.5, "loss": 0.2}, None, config)
+    assert below.failed == ["species_accuracy 0.5 >= min 0.8"]
+    unknown = decide(good, None, EvaluatorConfig(thresholds={"auc": Bound(min=0.5)}))
+    assert not unknown.blessed and "unknown metric 'auc'" in unknown.failed[0]
+    off = decide({"loss": 9.0}, {"loss": 0.1}, EvaluatorConfig(compare_to_champion=False))
+    assert off.blessed
+
+
+def test_latest_version_picks_the_highest_number(tmp_path):
+    assert latest_version(str(tmp_path / "none")) is None
+    for version in ("9", "10", "tmp", "11"):
+        (tmp_path / version).mkdir()
+    for version in ("9", "10", "tmp"):
+        (tmp_path / version / "saved_model.pb").write_bytes(b"x")
+    assert latest_version(str(tmp_path)) == str(tmp_path / "10")  # 11 has no SavedModel yet
+
+
+@pytest.mark.slow
+def test_pushed_model_answers_both_signatures_identically(pipeline_run):
+    config, summary = pipeline_run
+    assert summary.blessed is True and any("no champion yet" in r for r in summary.blessing_reasons)
+    pushed = summary.pushed_path
+    assert [log.predict_log.request.model_spec.signature_name for log in read_warmup(pushed)] == ["serving_default", "predict_raw"]
+    eval_files = glob.glob(os.path.join(config.pipeline.root, "tfx", "CsvExampleGen", "examples", "*", "Split-eval", "*"))
+    examples = read_examples(eval_files[0])
+    loaded = tf.saved_model.load(pushed)
+    from_examples = loaded.signatures["serving_default"](inputs=tf.constant(examples))
+    kinds = json.load(open(os.path.join(pushed, "assets.extra", "loopline_signature.json")))["features"]
+    raw = parse_examples(tf.constant(examples), kinds)
+    from_raw = loaded.signatures["predict_raw"](**raw)
+    np.testing.assert_allclose(from_raw["scores"].numpy(), from_examples["scores"].numpy(), atol=1e-6)
+    assert (from_raw["classes"].numpy() == from_examples["classes"].numpy()).all()
+    # The export report sits in the Model artifact, completed with the blessing in the blessing's.
+    model_dir = os.path.dirname(summary.saved_model)
+    report = json.load(open(os.path.join(model_dir, "export_report.json")))
+    assert [v["variant"] for v in report["tflite"]] == ["float32", "dynamic_range"]
+    assert all(v["passed"] for v in report["tflite"])
+    blessed_reports = glob.glob(os.path.join(config.pipeline.root, "tfx", "Evaluator", "blessing", "*", "export_report.md"))
+    assert any("**blessed**" in open(p).read() for p in blessed_reports)
+
+
+@pytest.mark.slow
+def test_worse_candidate_is_not_pushed(pipeline_run, tmp_path):
+    from pipeline.local_runner import run_local
+    from conftest import make_config
+
+    champion_config, champion = pipeline_run
+    # A fresh workspace whose serving folder holds the normal run's pushed model: the champion.
+    config = make_config(tmp_path, "trainer.epochs=1", "trainer.learning_rate=0.0003", "trainer.max_steps=2")
+    target = os.path.join(config.pipeline.root, "serving", config.serving.model_name, champion.version)
+    shutil.copytree(champion.pushed_path, target)
+    summary = run_local(config)
+    assert summary.executions["Pusher"] == "COMPLETE"
+    assert summary.blessed is False
+    assert summary.version is None and summary.pushed_path is None
+    assert any(r.startswith("FAILED loss") and "vs champion" in r for r in summary.blessing_reasons), summary.blessing_reasons
+    assert "NOT blessed" in "\n".join(summary.lines())
+    assert os.listdir(os.path.dirname(target)) == [champion.version]  # nothing new was pushed

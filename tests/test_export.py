@@ -1,0 +1,214 @@
+"""Export without TFX: float32 SavedModel with warmup, TFLite variants behind the parity gate,
+the report; trained for a few steps on GZIP TFRecords written here."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import tflite
+from trainer.config import TrainerConfig
+from trainer.evaluation import evaluate_saved_model, label_kinds, read_examples
+from trainer.export import REPORT_JSON, REPORT_MD, TFLITE_DIR, export_model, export_saved_model, float32_model
+from trainer.export_config import ExportConfig
+from trainer.features import parse_examples
+from trainer.loop import train
+from trainer.warmup import read_warmup
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_splits(folder: Path) -> tuple[str, str]:
+    """The bundled CSV as tf.Examples (empty field = missing), 2:1 into GZIP train/eval files."""
+    rows = list(csv.DictReader(open(REPO / "data" / "penguins.csv")))
+    options = tf.io.TFRecordOptions(compression_type="GZIP")
+    paths = {"train": folder / "train.gz", "eval": folder / "eval.gz"}
+    writers = {k: tf.io.TFRecordWriter(str(p), options) for k, p in paths.items()}
+    for i, row in enumerate(rows):
+        feature = {}
+        for name, value in row.items():
+            if value == "" or value == "NA":
+                continue
+            try:
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+            except ValueError:
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        writers["eval" if i % 3 == 2 else "train"].write(example.SerializeToString())
+    for writer in writers.values():
+        writer.close()
+    return str(paths["train"]), str(paths["eval"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("export")
+    train_pattern, eval_pattern = write_splits(folder)
+    result = train(TrainerConfig(epochs=4, batch_size=32), train_pattern, eval_pattern, "species")
+    return result, train_pattern, eval_pattern, folder
+
+
+@pytest.fixture(scope="module")
+def exported(trained):
+    result, train_pattern, eval_pattern, folder = trained
+    artifact = folder / "model"
+    serving = artifact / "Format-Serving"
+    config = ExportConfig(tflite_variants=["float32", "dynamic_range", "float16", "int8"], latency_runs=5)
+    report = export_model(result.model, result.kinds, result.heads, result.metrics, str(serving), str(artifact),
+                          train_pattern, eval_pattern, config)
+    return report, serving, artifact
+
+
+def eval_inputs(trained):
+    result, _, eval_pattern, _ = trained
+    examples = read_examples(eval_pattern)
+    features = {k: v.numpy() for k, v in parse_examples(tf.constant(examples), result.kinds).items()}
+    labels = {k: v.numpy() for k, v in parse_examples(tf.constant(examples), label_kinds(result.heads)).items()}
+    return examples, features, labels
+
+
+def test_all_variants_pass_parity_and_are_reported(exported):
+    report, serving, artifact = exported
+    variants = {v["variant"]: v for v in report["tflite"]}
+    assert set(variants) == {"float32", "dynamic_range", "float16", "int8"}
+    for name, v in variants.items():
+        assert v["passed"], (name, v["problems"])
+        assert os.path.getsize(artifact / TFLITE_DIR / f"model_{name}.tflite") == v["size_bytes"]
+        assert v["latency_ms"] > 0 and v["examples"] > 50
+    # The float32 variant is the same computation; quantized ones are smaller.
+    assert variants["float32"]["max_abs_diff"]["scores"] < 1e-4
+    assert variants["dynamic_range"]["size_bytes"] < variants["float32"]["size_bytes"]
+    assert variants["int8"]["size_bytes"] < variants["float32"]["size_bytes"]
+    on_disk = json.loads((artifact / REPORT_JSON).read_text())
+    assert on_disk["signatures"]["serving_default"]["inputs"] == {"inputs": {"dtype": "string", "shape": [None]}}
+    assert set(on_disk["signatures"]["predict_raw"]["inputs"]) == {"island", "sex", "year", "bill_length_mm",
+                                                                     "bill_depth_mm", "flipper_length_mm", "body_mass_g"}
+    assert "TFLite int8" in (artifact / REPORT_MD).read_text()
+
+
+def test_string_inputs_convert_to_builtins_and_match(exported, trained):
+    _, serving, artifact = exported
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(artifact / TFLITE_DIR / "model_float32.tflite"))
+    ops = {op["op_name"] for op in interpreter._get_ops_details()}
+    assert not any(op.startswith("Flex") or op == "CUSTOM" for op in ops), ops
+    assert "EQUAL" in ops  # the string one-hot
+    # Missing values (NaN numbers, empty strings) and an unseen island take the same path.
+    features = {k: np.array([[b""]], object) if k in ("island", "sex") else np.array([[np.nan]], np.float32)
+                for k in trained[0].kinds}
+    features["island"] = np.array([[b"Atlantis"]], object)
+    lite = tflite.run_tflite((artifact / TFLITE_DIR / "model_float32.tflite").read_bytes(), features)
+    saved = tflite.run_saved_model(tf.saved_model.load(str(serving)).signatures["predict_raw"], features)
+    np.testing.assert_allclose(lite["scores"], saved["scores"], atol=1e-5)
+    assert list(lite["classes"][0]) == list(saved["classes"][0])
+
+
+def test_warmup_requests_replay_on_the_saved_model(exported):
+    _, serving, _ = exported
+    logs = read_warmup(str(serving))
+    assert [log.predict_log.request.model_spec.signature_name for log in logs] == ["serving_default", "predict_raw"]
+    loaded = tf.saved_model.load(str(serving))
+    answers = []
+    for log in logs:
+        request = log.predict_log.request
+        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        answers.append(loaded.signatures[request.model_spec.signature_name](**{k: tf.constant(v) for k, v in inputs.items()}))
+    assert answers[0]["scores"].shape[0] == 8
+    # The two requests hold the same rows: the two signatures must agree on them.
+    np.testing.assert_allclose(answers[0]["scores"].numpy(), answers[1]["scores"].numpy(), atol=1e-6)
+
+
+def test_exported_metrics_match_training_evaluation(exported, trained):
+    result, _, eval_pattern, _ = trained
+    _, serving, _ = exported
+    metrics = evaluate_saved_model(str(serving), eval_pattern)
+    assert metrics["species_accuracy"] == pytest.approx(result.metrics["species_accuracy"], abs=1e-6)
+    assert metrics["loss"] == pytest.approx(result.metrics["loss"], rel=1e-4)
+
+
+def test_parity_gate_catches_corrupted_weights(exported, trained):
+    _, serving, artifact = exported
+    result = trained[0]
+    content = bytearray((artifact / TFLITE_DIR / "model_float32.tflite").read_bytes())
+    # Overwrite the first hidden layer's kernel inside the flatbuffer (TFLite stores it transposed):
+    # the file still loads and runs, and computes garbage.
+    kernel = np.ascontiguousarray(result.model.get_layer("hidden_0").kernel.numpy().T, np.float32).tobytes()
+    at = bytes(content).find(kernel[:64])
+    assert at > 0
+    content[at:at + len(kernel)] = np.full(len(kernel) // 4, 7.0, np.float32).tobytes()
+    examples, features, labels = eval_inputs(trained)
+    reference = tflite.run_saved_model(tf.saved_model.load(str(serving)).signatures["predict_raw"], features)
+    report = tflite.check_variant("float32", bytes(content), reference, features, labels, result.heads, 1e-4, 1e-6)
+    assert not report.passed
+    assert report.max_abs_diff["scores"] > 0.01
+    assert "scores" in report.problems[0]
+
+
+def test_parity_gate_catches_a_truncated_flatbuffer(exported, trained):
+    _, serving, artifact = exported
+    content = (artifact / TFLITE_DIR / "model_float32.tflite").read_bytes()
+    _, features, labels = eval_inputs(trained)
+    reference = tflite.run_saved_model(tf.saved_model.load(str(serving)).signatures["predict_raw"], features)
+    report = tflite.check_variant("float32", content[: len(content) // 2], reference, features, labels,
+                                  trained[0].heads, 1e-4, 1e-6)
+    assert not report.passed and "does not run in LiteRT" in report.problems[0]
+
+
+def test_export_fails_with_figures_when_over_tolerance(trained, tmp_path):
+    result, train_pattern, eval_pattern, _ = trained
+    # dynamic-range quantization cannot be exact: a zero tolerance must fail the export.
+    config = ExportConfig(tflite_variants=["dynamic_range"], output_tolerance={"dynamic_range": 0.0}, latency_runs=1)
+    with pytest.raises(tflite.ParityError, match=r"dynamic_range: output 'scores' max abs diff .* > tolerance 0"):
+        export_model(result.model, result.kinds, result.heads, result.metrics, str(tmp_path / "Format-Serving"),
+                     str(tmp_path), train_pattern, eval_pattern, config)
+    report = json.loads((tmp_path / REPORT_JSON).read_text())
+    assert report["tflite"][0]["passed"] is False
+
+
+def test_mixed_precision_model_exports_in_float32(trained, tmp_path):
+    result = trained[0]
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        from trainer.model import ModelContext, build_tabular_model
+
+        mixed = build_tabular_model(ModelContext(result.kinds, result.stats, result.heads))
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert mixed.get_layer("hidden_0").compute_dtype == "bfloat16"
+    mixed.set_weights(result.model.get_weights())
+    copy = float32_model(mixed)
+    assert {layer.compute_dtype for layer in copy.layers if layer.weights} == {"float32"}
+    for a, b in zip(copy.get_weights(), result.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    content = None
+    export_saved_model(copy, result.kinds, result.heads, str(tmp_path / "sm"))
+    content = tflite.convert(str(tmp_path / "sm"), "float32")
+    assert len(content) > 1000
+
+
+def test_parity_gate_catches_unfrozen_variables(trained, tmp_path):
+    """A hand-rolled tf.Module export whose function closes over the Keras variables converts
+    with READ_VARIABLE ops that read garbage; the gate must refuse it."""
+    result = trained[0]
+    model = result.model
+    from trainer.export import named_outputs, raw_input_spec
+
+    module = tf.Module()
+    module.model = model
+    module.serve = tf.function(lambda features: named_outputs(result.heads, model(features, training=False)),
+                               input_signature=[raw_input_spec(result.kinds)])
+    path = str(tmp_path / "hand_rolled")
+    tf.saved_model.save(module, path, signatures={"predict_raw": module.serve})
+    _, features, labels = eval_inputs(trained)
+    reference = tflite.run_saved_model(tf.saved_model.load(path).signatures["predict_raw"], features)
+    content = tflite.convert(path, "float32")
+    report = tflite.check_variant("float32", content, reference, features, labels, result.heads, 1e-4, 1e-6)
+    assert not report.passed, report.max_abs_diff
+    assert report.max_abs_diff.get("scores", 0) > 0.01 or "does not run" in report.problems[0], report.problems

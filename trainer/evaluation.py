@@ -1,0 +1,194 @@
+"""Evaluating an exported SavedModel on the eval split, and the blessing decision: a candidate
+is blessed when its metrics pass the absolute thresholds and do not regress against the champion
+(the model being served now) beyond a tolerance."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.export_config import EvaluatorConfig
+from trainer.features import parse_examples
+from trainer.heads import CLASSIFICATION, Head
+from trainer.inputs import record_dataset
+
+SIGNATURE_FILE = "loopline_signature.json"  # Written by trainer.export next to the warmup file.
+_EPSILON = 1e-7  # Keras' cross-entropy clipping, so these losses match the trainer's.
+
+
+def read_signature(saved_model_dir: str) -> tuple[dict[str, str], list[Head]]:
+    """The feature kinds and heads recorded at export time."""
+    path = Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{saved_model_dir} is not a loopline export: {path} is missing")
+    data = json.loads(path.read_text())
+    return data["features"], [Head.from_json(h) for h in data["heads"]]
+
+
+def prediction_key(heads: list[Head], head: Head) -> str:
+    """The signature output holding a head's prediction (see trainer.export.named_outputs)."""
+    first = head is heads[0]
+    if head.kind == CLASSIFICATION:
+        return "scores" if first else f"{head.name}_scores"
+    return "outputs" if first else head.name
+
+
+def label_kinds(heads: list[Head]) -> dict[str, str]:
+    return {h.name: "string" if h.kind == CLASSIFICATION else "float32" for h in heads}
+
+
+def head_metrics(heads: list[Head], predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> dict[str, float]:
+    """Same names and definitions as the trainer's evaluation: `<head>_loss`, `<head>_accuracy`
+    or `<head>_rmse`, `<head>_examples` and the weighted total `loss`. Rows without a label
+    are left out of that head."""
+    metrics: dict[str, float] = {}
+    total = 0.0
+    for head in heads:
+        prediction = np.asarray(predictions[head.name], np.float64)
+        raw = np.asarray(labels[head.name]).reshape(-1)
+        if head.kind == CLASSIFICATION:
+            index = {v: i for i, v in enumerate(head.vocabulary)}
+            target = np.array([index.get(v.decode() if isinstance(v, bytes) else str(v), -1) for v in raw])
+            mask = target >= 0
+            chosen = prediction[np.arange(len(target)), np.where(mask, target, 0)]
+            losses = -np.log(np.clip(chosen, _EPSILON, 1 - _EPSILON))
+            count = max(int(mask.sum()), 1)
+            metrics[f"{head.name}_accuracy"] = float((prediction.argmax(axis=1) == target)[mask].sum() / count)
+        else:
+            target = raw.astype(np.float64)
+            mask = ~np.isnan(target)
+            error = prediction.reshape(-1) - np.where(mask, target, 0.0)
+            losses = np.square(error / head.std)
+            count = max(int(mask.sum()), 1)
+            metrics[f"{head.name}_rmse"] = float(math.sqrt(np.square(error[mask]).sum() / count))
+        metrics[f"{head.name}_loss"] = float(losses[mask].sum() / count)
+        metrics[f"{head.name}_examples"] = float(mask.sum())
+        total += head.weight * metrics[f"{head.name}_loss"]
+    metrics["loss"] = total
+    return metrics
+
+
+def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
+    """Serialized tf.Examples of a split (GZIP TFRecords), in file order."""
+    dataset = record_dataset(file_pattern)
+    if limit:
+        dataset = dataset.take(limit)
+    return list(dataset.as_numpy_iterator())
+
+
+def evaluate_saved_model(saved_model_dir: str, eval_pattern: str, limit: int | None = None, batch_size: int = 256) -> dict[str, float]:
+    """Metrics of an exported model, computed from its `serving_default` answers on the eval split."""
+    _, heads = read_signature(saved_model_dir)
+    serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+    examples = read_examples(eval_pattern, limit)
+    if not examples:
+        raise ValueError(f"no eval examples in {eval_pattern}")
+    predictions: dict[str, list] = {h.name: [] for h in heads}
+    labels: dict[str, list] = {h.name: [] for h in heads}
+    for start in range(0, len(examples), batch_size):
+        chunk = tf.constant(examples[start:start + batch_size])
+        out = serve(inputs=chunk)
+        parsed = parse_examples(chunk, label_kinds(heads))
+        for head in heads:
+            predictions[head.name].append(out[prediction_key(heads, head)].numpy())
+            labels[head.name].append(parsed[head.name].numpy())
+    return head_metrics(
+        heads,
+        {k: np.concatenate(v) for k, v in predictions.items()},
+        {k: np.concatenate(v) for k, v in labels.items()},
+    )
+
+
+def latest_version(base: str) -> str | None:
+    """The highest numeric version folder with a SavedModel under a TF Serving base path."""
+    if not os.path.isdir(base):
+        return None
+    versions = [int(d) for d in os.listdir(base) if d.isdigit() and os.path.isfile(os.path.join(base, d, "saved_model.pb"))]
+    return os.path.join(base, str(max(versions))) if versions else None
+
+
+def _is_loopline_export(saved_model_dir: str) -> bool:
+    return (Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE).is_file()
+
+
+def lower_is_better(metric: str) -> bool:
+    return not metric.endswith("accuracy")
+
+
+@dataclass
+class Blessing:
+    blessed: bool
+    reasons: list[str]  # Every check, passed or not, in words.
+    candidate: dict[str, float]
+    champion: dict[str, float] | None = None
+    champion_path: str | None = None
+    failed: list[str] = field(default_factory=list)  # The reasons that refused it.
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        verdict = "blessed" if self.blessed else "NOT blessed"
+        return f"{verdict}: " + "; ".join(self.failed or self.reasons)
+
+
+def decide(candidate: dict[str, float], champion: dict[str, float] | None, config: EvaluatorConfig,
+           champion_path: str | None = None, champion_problem: str | None = None) -> Blessing:
+    """Applies the thresholds, then the comparison with the champion (when there is one)."""
+    reasons: list[str] = []
+    failed: list[str] = []
+
+    def check(ok: bool, text: str) -> None:
+        reasons.append(text if ok else f"FAILED {text}")
+        if not ok:
+            failed.append(text)
+
+    for metric, bound in sorted(config.thresholds.items()):
+        value = candidate.get(metric)
+        if value is None:
+            check(False, f"threshold on unknown metric '{metric}' (metrics are {sorted(candidate)})")
+            continue
+        if bound.min is not None:
+            check(value >= bound.min, f"{metric} {value:.4g} >= min {bound.min:.4g}")
+        if bound.max is not None:
+            check(value <= bound.max, f"{metric} {value:.4g} <= max {bound.max:.4g}")
+
+    if not config.compare_to_champion:
+        reasons.append("no champion comparison (evaluator.compare_to_champion is false)")
+    elif champion_problem:
+        reasons.append(f"champion not compared: {champion_problem}")
+    elif champion is None:
+        reasons.append("no champion yet: first model")
+    else:
+        for metric in config.regression_metrics:
+            if metric not in candidate or metric not in champion:
+                reasons.append(f"{metric} not compared: missing in the {'candidate' if metric not in candidate else 'champion'}")
+                continue
+            new, old = candidate[metric], champion[metric]
+            worse = new - old if lower_is_better(metric) else old - new
+            allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
+            check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
+    return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
+
+
+def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_base: str | None, config: EvaluatorConfig) -> Blessing:
+    """Evaluates the candidate and the champion (latest version under `champion_base`)."""
+    candidate = evaluate_saved_model(candidate_dir, eval_pattern, config.eval_examples)
+    champion_dir = latest_version(champion_base) if champion_base and config.compare_to_champion else None
+    champion, problem = None, None
+    if champion_dir is not None:
+        theirs = [h.name for h in read_signature(champion_dir)[1]] if _is_loopline_export(champion_dir) else None
+        ours = [h.name for h in read_signature(candidate_dir)[1]]
+        if theirs is not None and theirs != ours:
+            problem = f"{champion_dir} predicts {theirs}, the candidate {ours}: metrics are not comparable"
+            return decide(candidate, None, config, champion_dir, problem)
+        try:
+            champion = evaluate_saved_model(champion_dir, eval_pattern, config.eval_examples)
+        except Exception as exc:  # A broken champion must not block its replacement; say so.
+            problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
+    return decide(candidate, champion, config, champion_dir, problem)

@@ -1,0 +1,62 @@
+"""The `export:` and `evaluator:` sections of loopline.yaml."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TFLiteVariant = Literal["float32", "dynamic_range", "float16", "int8"]
+
+# Max abs output difference (probabilities; regression outputs in label standard deviations)
+# and max metric delta (accuracy; RMSE in label standard deviations) a variant may show.
+# Full-integer int8 can move single borderline probabilities a lot (0.3 seen on penguins)
+# without changing the predicted classes; its metric delta is the tighter gate.
+DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.05, "float16": 0.05, "int8": 0.5}
+DEFAULT_METRIC_TOLERANCE = {"float32": 1e-6, "dynamic_range": 0.02, "float16": 0.01, "int8": 0.03}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ExportConfig(_Section):
+    """What the Trainer writes besides the SavedModel."""
+
+    tflite_variants: list[TFLiteVariant] = Field(
+        default_factory=lambda: ["float32", "dynamic_range"],
+        description="TFLite files converted from the predict_raw signature; [] for none.",
+    )
+    output_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_OUTPUT_TOLERANCE))
+    metric_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_METRIC_TOLERANCE))
+    parity_examples: int = Field(1000, ge=1, description="Eval-split examples the parity check runs on (at most).")
+    representative_examples: int = Field(200, ge=1, description="Train-split examples calibrating int8.")
+    warmup_examples: int = Field(8, ge=1, description="Eval examples per warmup request.")
+    latency_runs: int = Field(50, ge=1, description="Single-example invocations timed per variant.")
+
+    @model_validator(mode="after")
+    def _fill_tolerances(self):
+        # A partial tolerance mapping in the YAML keeps the defaults of the variants it omits.
+        for name, defaults in (("output_tolerance", DEFAULT_OUTPUT_TOLERANCE), ("metric_tolerance", DEFAULT_METRIC_TOLERANCE)):
+            current = getattr(self, name)
+            if set(current) != set(defaults):
+                object.__setattr__(self, name, {**defaults, **current})
+        return self
+
+
+class Bound(_Section):
+    min: float | None = None
+    max: float | None = None
+
+
+class EvaluatorConfig(_Section):
+    """When a candidate model is blessed (and so pushed)."""
+
+    thresholds: dict[str, Bound] = Field(
+        default_factory=dict,
+        description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}}.",
+    )
+    compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the last pushed model.")
+    regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
+    relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
+    absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
+    eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")

@@ -1,0 +1,197 @@
+"""TFLite variants of the `predict_raw` signature, each checked against the SavedModel.
+
+After a conversion the variant runs in LiteRT's interpreter (ai_edge_litert) on eval examples;
+the largest output difference and the metric delta must stay within the variant's tolerance,
+or the export fails with the figures. This catches broken conversions (e.g. variables that were
+not frozen, read back as garbage through READ_VARIABLE) as well as too lossy quantization.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.evaluation import head_metrics, prediction_key
+from trainer.heads import CLASSIFICATION, Head
+
+SIGNATURE = "predict_raw"
+
+
+class ParityError(RuntimeError):
+    """A TFLite variant differs from the SavedModel beyond its tolerance."""
+
+    def __init__(self, reports: list["VariantReport"]):
+        self.reports = reports
+        lines = [f"{r.variant}: " + "; ".join(r.problems) for r in reports if not r.passed]
+        super().__init__("TFLite parity check failed:\n  " + "\n  ".join(lines))
+
+
+@dataclass
+class VariantReport:
+    variant: str
+    path: str | None
+    size_bytes: int
+    max_abs_diff: dict[str, float] = field(default_factory=dict)  # per output (regression: in stds)
+    metric_delta: dict[str, float] = field(default_factory=dict)  # accuracy; RMSE in stds
+    latency_ms: float | None = None  # median single-example invocation
+    examples: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def convert(saved_model_dir: str, variant: str, representative: dict[str, np.ndarray] | None = None) -> bytes:
+    """Converts the SavedModel's `predict_raw` signature to one TFLite variant."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE])
+    if variant == "float32":
+        pass
+    elif variant == "dynamic_range":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    elif variant == "float16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    elif variant == "int8":
+        if not representative:
+            raise ValueError("the int8 variant needs representative examples from the train split")
+        size = len(next(iter(representative.values())))
+
+        def samples():
+            for i in range(size):
+                yield {name: values[i:i + 1] for name, values in representative.items()}
+
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = samples
+        # Integer kernels for every quantizable op; inputs and outputs stay float32/strings so
+        # the variant keeps predict_raw's interface (strings and NaNs cannot be int8).
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    else:
+        raise ValueError(f"unknown TFLite variant {variant!r}")
+    return converter.convert()
+
+
+def as_numpy_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """LiteRT wants strings as bytes arrays and numbers as float32."""
+    out = {}
+    for name, values in features.items():
+        values = np.asarray(values)
+        out[name] = values.astype(np.bytes_) if values.dtype.kind in "OSU" else values.astype(np.float32)
+    return out
+
+
+def run_tflite(model_content: bytes, features: dict[str, np.ndarray], batch_size: int = 256) -> dict[str, np.ndarray]:
+    """Runs the variant's `predict_raw` over all rows, in batches."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_content=model_content).get_signature_runner(SIGNATURE)
+    features = as_numpy_inputs(features)
+    rows = len(next(iter(features.values())))
+    chunks: dict[str, list] = {}
+    for start in range(0, rows, batch_size):
+        out = runner(**{k: v[start:start + batch_size] for k, v in features.items()})
+        for key, value in out.items():
+            chunks.setdefault(key, []).append(value)
+    return {k: np.concatenate(v) for k, v in chunks.items()}
+
+
+def run_saved_model(signature, features: dict[str, np.ndarray], batch_size: int = 256) -> dict[str, np.ndarray]:
+    rows = len(next(iter(features.values())))
+    chunks: dict[str, list] = {}
+    for start in range(0, rows, batch_size):
+        out = signature(**{k: tf.constant(v[start:start + batch_size]) for k, v in features.items()})
+        for key, value in out.items():
+            chunks.setdefault(key, []).append(value.numpy())
+    return {k: np.concatenate(v) for k, v in chunks.items()}
+
+
+def output_scale(heads: list[Head], key: str) -> float:
+    """Regression outputs are compared in units of the label's standard deviation."""
+    for head in heads:
+        if head.kind != CLASSIFICATION and prediction_key(heads, head) == key:
+            return head.std or 1.0
+    return 1.0
+
+
+def compare(variant: str, tflite_out: dict[str, np.ndarray], reference: dict[str, np.ndarray], heads: list[Head],
+            labels: dict[str, np.ndarray], output_tolerance: float, metric_tolerance: float, report: VariantReport) -> None:
+    """Fills the report's differences and problems."""
+    missing = sorted(set(reference) - set(tflite_out))
+    if missing:
+        report.problems.append(f"outputs {missing} missing (it has {sorted(tflite_out)})")
+        return
+    for key, expected in reference.items():
+        got = tflite_out[key]
+        if got.shape != expected.shape:
+            report.problems.append(f"output '{key}' has shape {got.shape}, the SavedModel {expected.shape}")
+            continue
+        if expected.dtype.kind in "OSU":
+            mismatches = int((got.astype(np.bytes_) != expected.astype(np.bytes_)).sum())
+            report.max_abs_diff[key] = float(mismatches)
+            if mismatches:
+                report.problems.append(f"output '{key}' differs in {mismatches} strings")
+            continue
+        diff = np.abs(got.astype(np.float64) - expected.astype(np.float64)) / output_scale(heads, key)
+        worst = float(np.nan_to_num(diff, nan=np.inf).max()) if diff.size else 0.0
+        report.max_abs_diff[key] = worst
+        if not worst <= output_tolerance:
+            report.problems.append(f"output '{key}' max abs diff {worst:.3g} > tolerance {output_tolerance:.3g}")
+    if report.problems:
+        return
+    mine = head_metrics(heads, {h.name: tflite_out[prediction_key(heads, h)] for h in heads}, labels)
+    theirs = head_metrics(heads, {h.name: reference[prediction_key(heads, h)] for h in heads}, labels)
+    for head in heads:
+        metric = f"{head.name}_accuracy" if head.kind == CLASSIFICATION else f"{head.name}_rmse"
+        scale = 1.0 if head.kind == CLASSIFICATION else (head.std or 1.0)
+        delta = abs(mine[metric] - theirs[metric]) / scale
+        report.metric_delta[metric] = delta
+        if not delta <= metric_tolerance:
+            report.problems.append(
+                f"{metric} {mine[metric]:.4g} vs SavedModel {theirs[metric]:.4g} (delta {delta:.3g} > tolerance {metric_tolerance:.3g})"
+            )
+
+
+def check_variant(variant: str, model_content: bytes, reference: dict[str, np.ndarray], features: dict[str, np.ndarray],
+                  labels: dict[str, np.ndarray], heads: list[Head], output_tolerance: float, metric_tolerance: float,
+                  path: str | None = None) -> VariantReport:
+    """The parity gate for one variant; a variant that does not even load fails it too."""
+    report = VariantReport(variant, path, len(model_content), examples=len(next(iter(features.values()))))
+    try:
+        out = run_tflite(model_content, features)
+    except Exception as exc:  # A corrupt flatbuffer raises here (LiteRT verifies it on load).
+        report.problems.append(f"does not run in LiteRT: {type(exc).__name__}: {exc}")
+        return report
+    compare(variant, out, reference, heads, labels, output_tolerance, metric_tolerance, report)
+    return report
+
+
+def tflite_latency_ms(model_content: bytes, one_example: dict[str, np.ndarray], runs: int) -> float:
+    """Median wall time of one single-example `predict_raw` invocation."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_content=model_content).get_signature_runner(SIGNATURE)
+    inputs = as_numpy_inputs(one_example)
+    runner(**inputs)  # Allocates tensors.
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        runner(**inputs)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def saved_model_latency_ms(signature, one_example: dict[str, np.ndarray], runs: int) -> float:
+    inputs = {k: tf.constant(v) for k, v in one_example.items()}
+    signature(**inputs)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        signature(**inputs)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
