@@ -7,6 +7,7 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from validation.anomalies import DataAnomaliesError
 
 DEFAULT_CONFIG = "loopline.yaml"
 
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 2
+    except DataAnomaliesError as exc:
+        print(f"loopline: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.config import ServingConfig
 from trainer.config import TrainerConfig
+from validation.config import ValidationConfig
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,10 @@ class PipelineSection(_Section):
 class DataSection(_Section):
     path: str = "data/penguins.csv"
     label: str = "species"
+    # A curated tensorflow-metadata Schema (text format); null: inferred from the train split.
+    schema: str | None = None
+    # A separate CSV for the eval split (same folder tree); null: data.path is split 2:1.
+    eval_path: str | None = None
 
 
 class MlflowSection(_Section):
@@ -45,6 +50,7 @@ class LooplineConfig(_Section):
     trainer: TrainerConfig = TrainerConfig()
     serving: ServingConfig = ServingConfig()
     mlflow: MlflowSection = MlflowSection()
+    validation: ValidationConfig = ValidationConfig()
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -65,7 +71,8 @@ class LooplineConfig(_Section):
 
 
 # Keys holding paths, resolved against the config file's folder.
-_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"))
+_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"),
+              ("data", "schema"), ("data", "eval_path"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

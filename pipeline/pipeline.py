@@ -11,6 +11,9 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
+from components.example_validator import ExampleValidator
+from components.schema_gen import SchemaGen
+from components.statistics_gen import StatisticsGen
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
 
@@ -37,16 +40,35 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
     data_dir, data_file = os.path.split(config.data.path)
     from tfx.proto import example_gen_pb2
 
-    example_gen = CsvExampleGen(
-        input_base=data_dir,
-        input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)]),
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)])
+    if config.data.eval_path:
+        # Given splits: one folder above both files, a pattern each.
+        data_dir = os.path.commonpath([os.path.dirname(config.data.path), os.path.dirname(config.data.eval_path)])
+        input_config = example_gen_pb2.Input(splits=[
+            example_gen_pb2.Input.Split(name="train", pattern=os.path.relpath(config.data.path, data_dir)),
+            example_gen_pb2.Input.Split(name="eval", pattern=os.path.relpath(config.data.eval_path, data_dir)),
+        ])
+    example_gen = CsvExampleGen(input_base=data_dir, input_config=input_config)
+    statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = SchemaGen(
+        statistics=statistics_gen.outputs["statistics"],
+        validation_config=config.validation.model_dump_json(),
+        curated_schema=config.data.schema or "",
+        curated_sha256=_module_digest(config.data.schema),
+    )
+    example_validator = ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"],
+        schema=schema_gen.outputs["schema"],
+        validation_config=config.validation.model_dump_json(),
     )
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
     )
+    trainer.add_upstream_node(example_validator)  # no training on data that failed validation
     pusher = Pusher(
         model=trainer.outputs["model"],
         push_destination=pusher_pb2.PushDestination(
@@ -56,7 +78,7 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, trainer, pusher],
+        components=[example_gen, statistics_gen, schema_gen, example_validator, trainer, pusher],
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path(config)),
     )
