@@ -34,12 +34,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_data_report(args) -> int:
+    from pipeline.data_report import data_report
+
+    path = data_report(_config(args), args.out)
+    print(f"data report: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
     _common(run)
     run.set_defaults(func=cmd_run)
+    data = sub.add_parser("data", help="data validation views").add_subparsers(dest="data_command", required=True)
+    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies")
+    _common(report)
+    report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
+    report.set_defaults(func=cmd_data_report)
     return parser
 
 
