@@ -1,7 +1,10 @@
 """ExampleValidator: checks every split's statistics against the schema and the eval split
 against the train split; writes `<uri>/Split-<name>/SchemaDiff.pb` (tensorflow-metadata
-Anomalies) and the `blessed` property as TFX's ExampleValidator does, then stops the pipeline
-when anomalies were found (unless `validation.warn_only`)."""
+Anomalies) and the `blessed` property as TFX's ExampleValidator does.
+
+DataGate stops the pipeline before the Trainer when anomalies were found (unless
+`validation.warn_only`). It is a step of its own because TFX deletes a failed component's
+outputs: the validator must succeed for its anomalies to stay readable (`loopline data report`)."""
 
 import logging
 
@@ -20,7 +23,7 @@ def ExampleValidator(
     anomalies: OutputArtifact[ExampleAnomalies],
     validation_config: Parameter[str],
 ) -> None:
-    from validation.anomalies import DataAnomaliesError, format_problems, has_anomalies, validate_split, write_anomalies
+    from validation.anomalies import format_problems, has_anomalies, validate_split, write_anomalies
     from validation.config import ValidationConfig
     from validation.schema import load_schema
     from validation.statistics import read_statistics
@@ -40,12 +43,24 @@ def ExampleValidator(
         problems += found
     anomalies.set_json_value_custom_property("blessed", blessed)
     anomalies.set_int_custom_property("anomaly_count", len(problems))
-    if not problems:
+    anomalies.set_string_custom_property("report", format_problems(problems) if problems else "")
+    if problems:
+        log.warning("%s", format_problems(problems))
+    else:
         log.info("data validation: no anomalies in splits %s", ", ".join(splits))
+
+
+@component
+def DataGate(anomalies: InputArtifact[ExampleAnomalies], warn_only: Parameter[int] = 0) -> None:
+    """Raises DataAnomaliesError (with the readable report) when a split is not blessed."""
+    from validation.anomalies import DataAnomaliesError
+
+    blessed = anomalies.get_json_value_custom_property("blessed") or {}
+    if all(int(v) == 1 for v in blessed.values()):
         return
-    report = format_problems(problems)
-    if config.warn_only:
-        log.warning("%s\n(validation.warn_only is set: training goes on)", report)
+    report = anomalies.get_string_custom_property("report")
+    if warn_only:
+        logging.getLogger("loopline").warning("validation.warn_only is set: training goes on despite the anomalies")
         return
     raise DataAnomaliesError(report + "\nThe pipeline stopped before training; fix the data, the schema "
                              "(data.schema) or set validation.warn_only=true.")

@@ -8,7 +8,7 @@ from ml_metadata.proto import metadata_store_pb2
 
 from pipeline.config import LooplineConfig
 from pipeline.local_runner import open_store
-from pipeline.pipeline import metadata_path, tfx_root
+from pipeline.pipeline import metadata_path
 from validation.anomalies import problems_of, read_anomalies
 from validation.report import write_report
 from validation.schema import load_schema
@@ -41,7 +41,7 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
         raise FileNotFoundError(f"the newest run ({run.name}) has no statistics; did StatisticsGen run?")
     stats = {split: read_statistics(os.path.join(statistics.uri, f"Split-{split}")) for split in _split_names(statistics)}
     schema = load_schema(newest["Schema"].uri) if "Schema" in newest else None
-    anomalies_uri = newest["ExampleAnomalies"].uri if "ExampleAnomalies" in newest else _failed_validator_output(store, run, config)
+    anomalies_uri = newest["ExampleAnomalies"].uri if "ExampleAnomalies" in newest else None
     problems = []
     if anomalies_uri:
         for split in stats:
@@ -50,14 +50,3 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
     out_dir = out_dir or os.path.join(config.pipeline.root, "reports", "data", run.name.replace(":", "-"))
     return write_report(out_dir, stats, schema, problems)
 
-
-def _failed_validator_output(store, run, config: LooplineConfig) -> str | None:
-    """A failed (stopping) ExampleValidator publishes no artifact, but its files are at TFX's
-    output location `<pipeline root>/ExampleValidator/anomalies/<execution id>`."""
-    execution_types = {t.id: t.name for t in store.get_execution_types()}
-    validators = [e for e in store.get_executions_by_context(run.id) if execution_types[e.type_id].endswith("ExampleValidator")]
-    if not validators:
-        return None
-    execution = max(validators, key=lambda e: e.id)
-    path = os.path.join(tfx_root(config), "ExampleValidator", "anomalies", str(execution.id))
-    return path if os.path.isdir(path) else None

@@ -11,7 +11,7 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
-from components.example_validator import ExampleValidator
+from components.example_validator import DataGate, ExampleValidator
 from components.schema_gen import SchemaGen
 from components.statistics_gen import StatisticsGen
 from components.trainer import Trainer
@@ -61,6 +61,7 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
         schema=schema_gen.outputs["schema"],
         validation_config=config.validation.model_dump_json(),
     )
+    data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
@@ -68,7 +69,7 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
     )
-    trainer.add_upstream_node(example_validator)  # no training on data that failed validation
+    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher = Pusher(
         model=trainer.outputs["model"],
         push_destination=pusher_pb2.PushDestination(
@@ -78,7 +79,7 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, statistics_gen, schema_gen, example_validator, trainer, pusher],
+        components=[example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, pusher],
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path(config)),
     )
