@@ -5,6 +5,7 @@ with the dotted key named. Relative paths are relative to the configuration file
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ class PipelineSection(_Section):
     name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
     root: str = "workspace"
     enable_cache: bool = True
+
+
+# `data.schema` shadows pydantic's deprecated `BaseModel.schema()`, which nothing here uses.
+warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" shadows')
 
 
 class DataSection(_Section):
