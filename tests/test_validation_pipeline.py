@@ -49,13 +49,23 @@ def test_missing_column_stops_against_curated_schema(tmp_path):
     assert "SCHEMA_MISSING_COLUMN" in report
 
 
-def test_text_in_numeric_column_stops_in_a_first_run(tmp_path):
+def test_text_in_numeric_column_stops_in_a_first_run(tmp_path, capsys):
+    from pipeline.cli import main
+
     rows = penguin_rows()
     rows[7]["body_mass_g"] = "heavy"
     rows[40]["body_mass_g"] = "n/a"
     data = write_csv(tmp_path / "p.csv", rows)
-    report = assert_stopped(tmp_path, "body_mass_g", f"data.path={data}")
-    assert "'heavy'" in report or "'n/a'" in report
+    common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path / 'ws'}"]
+    code = main(["run", *common, "--set", "trainer.epochs=1", "--set", f"data.path={data}"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "] body_mass_g: 'body_mass_g' is a numeric column" in err and "'heavy'" in err and "'n/a'" in err
+    assert not (tmp_path / "ws" / "tfx" / "Trainer").exists()
+    # The stopped run's anomalies stay readable: the data report shows them.
+    assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "1 anomalies" in page and "heavy" in page
 
 
 def test_unseen_category_stops_against_curated_schema(tmp_path):
