@@ -65,7 +65,7 @@ def test_text_in_numeric_column_stops_in_a_first_run(tmp_path, capsys):
     # The stopped run's anomalies stay readable: the data report shows them.
     assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
-    assert "1 anomalies" in page and "heavy" in page
+    assert "no anomalies" not in page and "heavy" in page and 'class="bad"' in page
 
 
 def test_unseen_category_stops_against_curated_schema(tmp_path):
