@@ -8,7 +8,7 @@ import os
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
-from tfx.types.standard_artifacts import Examples, Model, ModelRun
+from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema
 from tfx.utils import path_utils
 
 
@@ -25,6 +25,7 @@ def Trainer(
     label: Parameter[str],
     module_sha256: Parameter[str] = "",
     export_config: Parameter[str] = "{}",
+    schema: InputArtifact[Schema] = None,
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
     edits to the user's module file; `export_config` is the `export:` section as JSON."""
@@ -36,7 +37,13 @@ def Trainer(
 
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
-    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label)
+    kinds = None
+    if schema is not None:  # the parsing spec comes from the schema, not from sampling the data
+        from trainer.features import kinds_from_schema
+        from validation.schema import load_schema
+
+        kinds = kinds_from_schema(load_schema(schema.uri))
+    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label, kinds=kinds)
     # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
     export_model(result.model, result.kinds, result.heads, result.metrics, path_utils.serving_model_path(model.uri),
                  model.uri, split_pattern(examples, "train"), split_pattern(examples, "eval"),

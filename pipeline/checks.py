@@ -22,4 +22,8 @@ def check_data(config: LooplineConfig) -> list[str]:
         raise ConfigError(f"data.path: {path} has duplicate columns {dupes}")
     if config.data.label not in columns:
         raise ConfigError(f"data.label: column '{config.data.label}' is not in {path}; columns are {columns}")
+    if config.data.eval_path is not None and not os.path.isfile(config.data.eval_path):
+        raise ConfigError(f"data.eval_path: no such file: {config.data.eval_path}")
+    if config.data.schema is not None and not os.path.isfile(config.data.schema):
+        raise ConfigError(f"data.schema: no such file: {config.data.schema}")
     return columns

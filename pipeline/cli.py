@@ -48,6 +48,14 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_data_report(args) -> int:
+    from pipeline.data_report import data_report
+
+    path = data_report(_config(args), args.out)
+    print(f"data report: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--allow-local-paths", action="store_true",
                           help="accept local pipeline.root/data.path: a volume mounted at that path in every pod")
     compile_.set_defaults(func=cmd_compile)
+    data = sub.add_parser("data", help="data validation views").add_subparsers(dest="data_command", required=True)
+    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies")
+    _common(report)
+    report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
+    report.set_defaults(func=cmd_data_report)
     return parser
 
 
@@ -79,6 +92,19 @@ def _quiet_libraries() -> None:
         pass
 
 
+def _stop_message(exc: Exception) -> str | None:
+    """The report for errors that stop a run by design (bad data, a failed parity gate).
+    Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
+    from trainer.tflite import ParityError
+    from validation.anomalies import DataAnomaliesError
+
+    if isinstance(exc, DataAnomaliesError):
+        return f"loopline: {exc}"
+    if isinstance(exc, ParityError):
+        return f"loopline: export refused by the TFLite parity gate: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_libraries()
@@ -87,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        message = _stop_message(exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ with the dotted key named. Relative paths are relative to the configuration file
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serving.config import ServingConfig
 from trainer.config import TrainerConfig
 from trainer.export_config import EvaluatorConfig, ExportConfig
+from validation.config import ValidationConfig
 
 
 class ConfigError(ValueError):
@@ -34,9 +36,17 @@ class PipelineSection(_Section):
     beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = []
 
 
+# `data.schema` shadows pydantic's deprecated `BaseModel.schema()`, which nothing here uses.
+warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" shadows')
+
+
 class DataSection(_Section):
     path: str = "data/penguins.csv"
     label: str = "species"
+    # A curated tensorflow-metadata Schema (text format); null: inferred from the train split.
+    schema: str | None = None
+    # A separate CSV for the eval split (same folder tree); null: data.path is split 2:1.
+    eval_path: str | None = None
 
 
 class MlflowSection(_Section):
@@ -52,6 +62,7 @@ class LooplineConfig(_Section):
     export: ExportConfig = ExportConfig()
     evaluator: EvaluatorConfig = EvaluatorConfig()
     mlflow: MlflowSection = MlflowSection()
+    validation: ValidationConfig = ValidationConfig()
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -72,7 +83,8 @@ class LooplineConfig(_Section):
 
 
 # Keys holding paths, resolved against the config file's folder.
-_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"))
+_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"),
+              ("data", "schema"), ("data", "eval_path"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

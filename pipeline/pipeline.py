@@ -12,6 +12,9 @@ from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
 from components.evaluator import Evaluator
+from components.example_validator import DataGate, ExampleValidator
+from components.schema_gen import SchemaGen
+from components.statistics_gen import StatisticsGen
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
 
@@ -39,12 +42,31 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
     data_dir, data_file = os.path.split(config.data.path)
     from tfx.proto import example_gen_pb2
 
-    example_gen = CsvExampleGen(
-        input_base=data_dir,
-        input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)]),
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)])
+    if config.data.eval_path:
+        # Given splits: one folder above both files, a pattern each.
+        data_dir = os.path.commonpath([os.path.dirname(config.data.path), os.path.dirname(config.data.eval_path)])
+        input_config = example_gen_pb2.Input(splits=[
+            example_gen_pb2.Input.Split(name="train", pattern=os.path.relpath(config.data.path, data_dir)),
+            example_gen_pb2.Input.Split(name="eval", pattern=os.path.relpath(config.data.eval_path, data_dir)),
+        ])
+    example_gen = CsvExampleGen(input_base=data_dir, input_config=input_config)
+    statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = SchemaGen(
+        statistics=statistics_gen.outputs["statistics"],
+        validation_config=config.validation.model_dump_json(),
+        curated_schema=config.data.schema or "",
+        curated_sha256=_module_digest(config.data.schema),
     )
+    example_validator = ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"],
+        schema=schema_gen.outputs["schema"],
+        validation_config=config.validation.model_dump_json(),
+    )
+    data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
@@ -57,6 +79,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         evaluator_config=config.evaluator.model_dump_json(),
         champion_base=serving_base(config),
     )
+    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher = Pusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
@@ -67,7 +90,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, trainer, evaluator, pusher],
+        components=[example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher],
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None

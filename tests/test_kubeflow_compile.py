@@ -166,7 +166,9 @@ def test_cli_compile(tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert f"wrote      {out}" in ok.stdout
-    assert "tasks      CsvExampleGen, Trainer" in ok.stdout
+    tasks = next(line for line in ok.stdout.splitlines() if line.startswith("tasks "))
+    listed = tasks.split(None, 1)[1].split(", ")
+    assert listed[0] == "CsvExampleGen" and listed[-1] == "Pusher" and "Trainer" in listed
     assert yaml.safe_load(out.read_text())["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["image"] == IMAGE
 
     refused = subprocess.run(

@@ -48,6 +48,23 @@ def infer_feature_kinds(file_pattern: str, max_records: int = 1000) -> FeatureKi
     return dict(sorted(kinds.items()))
 
 
+def kinds_from_schema(schema) -> FeatureKinds:
+    """Feature kinds from a tensorflow-metadata Schema: INT -> int64, FLOAT -> float32,
+    BYTES -> string. Features the schema marks deprecated are left out."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    names = {schema_pb2.INT: "int64", schema_pb2.FLOAT: "float32", schema_pb2.BYTES: "string"}
+    kinds: FeatureKinds = {}
+    for feature in schema.feature:
+        if feature.lifecycle_stage == schema_pb2.DEPRECATED:
+            continue
+        if feature.type not in names:
+            raise ValueError(f"schema: feature '{feature.name}' has type "
+                             f"{schema_pb2.FeatureType.Name(feature.type)}; expected INT, FLOAT or BYTES")
+        kinds[feature.name] = names[feature.type]
+    return dict(sorted(kinds.items()))
+
+
 def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
     """Parses a batch of serialized tf.Examples into `[batch, 1]` tensors per feature."""
     spec = {

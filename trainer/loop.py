@@ -88,11 +88,12 @@ def train(
     eval_pattern: str,
     label: str,
     metric_sinks: Sequence[MetricSink] = (),
+    kinds: FeatureKinds | None = None,
 ) -> TrainResult:
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns)."""
     keras.utils.set_random_seed(config.seed)
     module = load_module(config.module_file)
-    all_kinds = infer_feature_kinds(train_pattern)
+    all_kinds = dict(kinds) if kinds else infer_feature_kinds(train_pattern)  # kinds: from the schema
     labels = label_names(module, label)
     for name in labels:
         if name not in all_kinds:

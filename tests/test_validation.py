@@ -1,0 +1,155 @@
+"""Statistics, schema and anomaly checks on tf.Examples written in the test (no pipeline)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
+
+from trainer.features import kinds_from_schema
+from validation.anomalies import js_divergence, linf_distance, problems_of, read_anomalies, validate_split, write_anomalies
+from validation.config import ValidationConfig
+from validation.schema import infer_schema, load_schema, write_schema
+from validation.statistics import compute_statistics, read_statistics, write_statistics
+
+
+def feature(value):
+    if isinstance(value, str):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+    if isinstance(value, int):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+
+
+def write_split(path, rows):
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as writer:
+        for row in rows:
+            features = {k: feature(v) for k, v in row.items() if v is not None}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    return str(path)
+
+
+def stats_of(tmp_path, name, rows):
+    return compute_statistics(write_split(tmp_path / f"{name}.gz", rows), name)
+
+
+def rows(n, seed=0, shift=0.0, colors=("red", "green", "blue")):
+    rng = np.random.default_rng(seed)
+    return [{"size": float(rng.normal(10 + shift, 2)), "count": int(rng.integers(0, 5)),
+             "color": colors[i % len(colors)]} for i in range(n)]
+
+
+def test_statistics_per_feature(tmp_path):
+    data = rows(200)
+    data[3]["size"] = None  # one missing value
+    stats = stats_of(tmp_path, "train", data)
+    by = {f.name: f for f in stats.features}
+    assert stats.num_examples == 200
+    size = by["size"].num_stats
+    values = np.array([r["size"] for r in data if r["size"] is not None], np.float32)
+    assert size.common_stats.num_missing == 1 and size.common_stats.num_non_missing == 199
+    assert size.mean == pytest.approx(values.mean(), rel=1e-5)
+    assert size.std_dev == pytest.approx(values.std(), rel=1e-4)
+    assert (size.min, size.max) == (pytest.approx(values.min()), pytest.approx(values.max()))
+    assert size.median == pytest.approx(np.median(values), rel=1e-5)
+    kinds = {h.type: h for h in size.histograms}
+    assert sum(b.sample_count for b in kinds[statistics_pb2.Histogram.STANDARD].buckets) == 199
+    assert len(kinds[statistics_pb2.Histogram.QUANTILES].buckets) == 10
+    assert by["count"].type == statistics_pb2.FeatureNameStatistics.INT
+    color = by["color"].string_stats
+    assert color.unique == 3
+    assert {v.value: v.frequency for v in color.top_values} == {"red": 67, "green": 67, "blue": 66}
+    # Stored as TFDV stores it, and read back unchanged.
+    write_statistics(str(tmp_path / "Split-train"), stats)
+    assert (tmp_path / "Split-train" / "FeatureStats.pb").is_file()
+    assert read_statistics(str(tmp_path / "Split-train")) == stats
+
+
+def test_inferred_schema_types_presence_domains_and_trainer_kinds(tmp_path):
+    schema = infer_schema(stats_of(tmp_path, "train", rows(100)), ValidationConfig(max_missing_fraction=0.2))
+    by = {f.name: f for f in schema.feature}
+    assert by["size"].type == schema_pb2.FLOAT and by["count"].type == schema_pb2.INT and by["color"].type == schema_pb2.BYTES
+    assert by["size"].presence.min_fraction == pytest.approx(0.8)
+    assert by["color"].domain == "color"
+    assert sorted(schema.string_domain[0].value) == ["blue", "green", "red"]
+    write_schema(str(tmp_path / "schema"), schema)
+    assert load_schema(str(tmp_path / "schema")) == schema  # schema.pbtxt, text format
+    assert kinds_from_schema(schema) == {"color": "string", "count": "int64", "size": "float32"}
+
+
+def test_clean_eval_split_has_no_anomalies(tmp_path):
+    config = ValidationConfig()
+    train = stats_of(tmp_path, "train", rows(300, seed=1))
+    schema = infer_schema(train, config)
+    anomalies, problems = validate_split("eval", stats_of(tmp_path, "eval", rows(150, seed=2)), schema, config, train)
+    assert problems == [] and not anomalies.anomaly_info
+
+
+def check(tmp_path, train_rows, eval_rows, config=None, schema=None):
+    config = config or ValidationConfig()
+    train = stats_of(tmp_path, "train", train_rows)
+    schema = schema or infer_schema(train, config)
+    anomalies, problems = validate_split("eval", stats_of(tmp_path, "eval", eval_rows), schema, config, train)
+    return anomalies, {(p.feature, p.kind): p.description for p in problems}
+
+
+def test_unseen_category_and_new_and_missing_columns(tmp_path):
+    bad = rows(90, seed=2, colors=("red", "green", "blue", "purple"))
+    for row in bad:
+        del row["count"]
+        row["extra"] = "x"
+    anomalies, found = check(tmp_path, rows(300), bad)
+    assert "'purple'" in found[("color", "ENUM_TYPE_UNEXPECTED_STRING_VALUES")]
+    assert ("count", "SCHEMA_MISSING_COLUMN") in found
+    assert ("extra", "SCHEMA_NEW_COLUMN") in found
+    # Stored as TFDV's SchemaDiff.pb and read back to the same problems.
+    write_anomalies(str(tmp_path / "Split-eval"), anomalies)
+    assert {(p.feature, p.kind) for p in problems_of("eval", read_anomalies(str(tmp_path / "Split-eval")))} == set(found)
+
+
+def test_text_in_numeric_column_against_inferred_and_curated_schemas(tmp_path):
+    train = rows(300)
+    for i, row in enumerate(train):
+        row["size"] = "oops" if i == 5 else f"{row['size']:.2f}"  # what CSV reading makes of it
+    _, found = check(tmp_path, train, [dict(r) for r in train[:100]])
+    assert "'oops'" in found[("size", "FLOAT_TYPE_STRING_NOT_FLOAT")]
+    curated = text_format.Parse('feature { name: "size" type: FLOAT } feature { name: "count" type: INT } '
+                                'feature { name: "color" type: BYTES }', schema_pb2.Schema())
+    _, found = check(tmp_path, rows(100), train[:100], schema=curated)
+    assert "'oops'" in found[("size", "FLOAT_TYPE_STRING_NOT_FLOAT")]
+
+
+def test_out_of_range_and_missing_rate(tmp_path):
+    config = ValidationConfig(infer_ranges=True, max_missing_fraction=0.1)
+    bad = rows(100, seed=3)
+    bad[0]["count"] = 99
+    for row in bad[:30]:
+        row["size"] = None
+    _, found = check(tmp_path, rows(300), bad, config=config)
+    assert "99" in found[("count", "INT_TYPE_BIG_INT")]
+    assert "30%" in found[("size", "FEATURE_TYPE_LOW_FRACTION_PRESENT")]
+
+
+def test_skew_linf_for_categories_and_js_for_numbers(tmp_path):
+    _, found = check(tmp_path, rows(300), rows(150, seed=4, shift=6.0, colors=("red",) * 8 + ("green", "blue")))
+    assert "Jensen-Shannon" in found[("size", "COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH")]
+    assert "'red'" in found[("color", "COMPARATOR_L_INFTY_HIGH")]
+    assert ("count", "COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH") not in found
+
+
+def test_distances(tmp_path):
+    a = stats_of(tmp_path, "a", rows(400, seed=5))
+    b = stats_of(tmp_path, "b", rows(400, seed=6))
+    c = stats_of(tmp_path, "c", rows(400, seed=7, shift=20.0, colors=("red",)))
+    by = lambda s: {f.name: f for f in s.features}  # noqa: E731
+    assert js_divergence(by(a)["size"], by(a)["size"]) == pytest.approx(0.0, abs=1e-9)
+    assert js_divergence(by(a)["size"], by(b)["size"]) < 0.1
+    assert js_divergence(by(a)["size"], by(c)["size"]) == pytest.approx(1.0, abs=1e-6)  # disjoint supports
+    gap, value = linf_distance(by(a)["color"], by(c)["color"])
+    assert gap == pytest.approx(1 - 134 / 400, abs=1e-6) and value == "red"
+
+
+def test_bad_curated_schema_names_the_file(tmp_path):
+    path = tmp_path / "schema.pbtxt"
+    path.write_text("feature { nme: 'x' }")
+    with pytest.raises(ValueError, match="schema.pbtxt: not a valid tensorflow-metadata Schema"):
+        load_schema(str(path))

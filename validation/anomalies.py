@@ -1,0 +1,259 @@
+"""Checks split statistics against a Schema and against each other; the result is one
+tensorflow-metadata `Anomalies` per split, stored as TFDV stores it (`Split-<name>/SchemaDiff.pb`).
+
+Checks: features missing from or unexpected by the schema, type mismatches (including a numeric
+column holding some text, which CSV reading turns into a string column), values outside a string
+domain or a numeric range, missing rate over the schema's presence, and train/eval skew:
+L-infinity distance of category frequencies, Jensen-Shannon divergence of numeric histograms.
+Each anomaly's description names a few offending values so a report is readable on its own.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from scipy.spatial import distance
+from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
+
+from validation.config import ValidationConfig
+from validation.schema import is_number_text, numeric_fraction, string_domain
+from validation.statistics import common_stats, value_counts
+
+ANOMALIES_FILE = "SchemaDiff.pb"  # tfx.components.example_validator.executor.DEFAULT_FILE_NAME
+T = anomalies_pb2.AnomalyInfo
+FNS = statistics_pb2.FeatureNameStatistics
+_TYPE_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTES: "BYTES"}
+_STATS_TYPES = {FNS.INT: schema_pb2.INT, FNS.FLOAT: schema_pb2.FLOAT, FNS.STRING: schema_pb2.BYTES, FNS.BYTES: schema_pb2.BYTES}
+
+
+class DataAnomaliesError(ValueError):
+    """Raised to stop a pipeline when the data has anomalies; the message is the report."""
+
+
+@dataclass
+class Problem:
+    split: str
+    feature: str
+    kind: str  # the AnomalyInfo.Type name
+    description: str
+
+
+def _quote(values, limit: int) -> str:
+    shown = [repr(v) for v in list(values)[:limit]]
+    more = len(values) - len(shown)
+    return ", ".join(shown) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _numbers_from_histogram(feature: statistics_pb2.FeatureNameStatistics) -> np.ndarray:
+    for histogram in feature.num_stats.histograms:
+        if histogram.type == statistics_pb2.Histogram.STANDARD:
+            return histogram
+    return None
+
+
+def _rebin(histogram, edges: np.ndarray) -> np.ndarray:
+    """Spreads each bucket's count uniformly over the common `edges` (a point bucket stays a point)."""
+    out = np.zeros(len(edges) - 1)
+    for bucket in histogram.buckets:
+        low, high, count = bucket.low_value, bucket.high_value, bucket.sample_count
+        if high <= low:
+            index = min(max(np.searchsorted(edges, low, side="right") - 1, 0), len(out) - 1)
+            out[index] += count
+            continue
+        overlap = np.clip(np.minimum(edges[1:], high) - np.maximum(edges[:-1], low), 0.0, None)
+        out += count * overlap / (high - low)
+    return out
+
+
+def js_divergence(a: statistics_pb2.FeatureNameStatistics, b: statistics_pb2.FeatureNameStatistics) -> float:
+    """Jensen-Shannon divergence (base 2, in [0, 1]) between two numeric features' histograms."""
+    ha, hb = _numbers_from_histogram(a), _numbers_from_histogram(b)
+    if ha is None or hb is None or not ha.buckets or not hb.buckets:
+        return 0.0
+    edges = sorted({x for h in (ha, hb) for bucket in h.buckets for x in (bucket.low_value, bucket.high_value)})
+    if len(edges) < 2:
+        return 0.0
+    edges = np.asarray(edges)
+    p, q = _rebin(ha, edges), _rebin(hb, edges)
+    if p.sum() == 0 or q.sum() == 0:
+        return 0.0
+    return float(distance.jensenshannon(p / p.sum(), q / q.sum(), base=2) ** 2)
+
+
+def linf_distance(a: statistics_pb2.FeatureNameStatistics, b: statistics_pb2.FeatureNameStatistics) -> tuple[float, str]:
+    """L-infinity distance between two string features' value frequencies, and the value at it."""
+    ca, cb = value_counts(a), value_counts(b)
+    ta, tb = sum(ca.values()), sum(cb.values())
+    if not ta or not tb:
+        return 0.0, ""
+    gaps = {v: abs(ca.get(v, 0.0) / ta - cb.get(v, 0.0) / tb) for v in set(ca) | set(cb)}
+    worst = max(gaps, key=lambda v: (gaps[v], v))
+    return gaps[worst], worst
+
+
+class _Collector:
+    def __init__(self, split: str):
+        self.split = split
+        self.anomalies = anomalies_pb2.Anomalies(anomaly_name_format=anomalies_pb2.Anomalies.SERIALIZED_PATH)
+        self.problems: list[Problem] = []
+
+    def add(self, feature: str, kind: int, short: str, description: str) -> None:
+        info = self.anomalies.anomaly_info[feature]
+        info.path.step.append(feature)
+        info.severity = T.ERROR
+        info.reason.add(type=kind, short_description=short, description=description)
+        info.short_description = short if len(info.reason) == 1 else "Multiple errors"
+        info.description = " ".join(r.description for r in info.reason)
+        self.problems.append(Problem(self.split, feature, T.Type.Name(kind), description))
+
+
+def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig) -> None:
+    name, limit = feature.name, config.example_values
+    common = common_stats(stats)
+    expected = feature.type
+    actual = _STATS_TYPES.get(stats.type)
+    if common.num_non_missing and actual != expected and feature.type in _TYPE_NAMES:
+        if expected in (schema_pb2.INT, schema_pb2.FLOAT) and actual == schema_pb2.BYTES:
+            bad = [v for v in value_counts(stats) if not is_number_text(v)]
+            kind = T.FLOAT_TYPE_STRING_NOT_FLOAT if expected == schema_pb2.FLOAT else T.INT_TYPE_NOT_INT_STRING
+            out.add(name, kind, "Text in a numeric column",
+                    f"'{name}' should hold {_TYPE_NAMES[expected]} numbers but holds text, e.g. {_quote(bad, limit)}.")
+        else:
+            out.add(name, T.UNEXPECTED_DATA_TYPE, "Unexpected data type",
+                    f"'{name}' should hold {_TYPE_NAMES[expected]} values but holds {_TYPE_NAMES.get(actual, '?')}.")
+        return
+    # Presence: the missing rate.
+    present = common.num_non_missing
+    fraction = present / num_examples if num_examples else 0.0
+    if feature.presence.min_fraction and fraction < feature.presence.min_fraction:
+        out.add(name, T.FEATURE_TYPE_LOW_FRACTION_PRESENT, "Column dropped or mostly missing",
+                f"'{name}' is missing in {1 - fraction:.0%} of {num_examples} examples "
+                f"(at most {1 - feature.presence.min_fraction:.0%} allowed).")
+    elif feature.presence.min_count and present < feature.presence.min_count:
+        out.add(name, T.FEATURE_TYPE_LOW_NUMBER_PRESENT, "Too few values",
+                f"'{name}' has {present} values (at least {feature.presence.min_count} expected).")
+    if actual == schema_pb2.BYTES:
+        counts = value_counts(stats)
+        allowed = string_domain(schema, feature)
+        if allowed is not None:
+            unseen = sorted((v for v in counts if v not in set(allowed)), key=lambda v: -counts[v])
+            total = sum(counts.values())
+            mass = 1.0 - sum(counts[v] for v in unseen) / total if total else 1.0
+            needed = feature.distribution_constraints.min_domain_mass if feature.HasField("distribution_constraints") else 1.0
+            if unseen and mass < needed:
+                out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
+                        f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
+                        f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
+        elif expected == schema_pb2.BYTES and config.numeric_text_fraction <= numeric_fraction(stats) < 1.0:
+            bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
+            out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
+                    f"'{name}' is a numeric column ({numeric_fraction(stats):.0%} of values are numbers) "
+                    f"holding text, e.g. {_quote(bad, limit)}.")
+    elif actual in (schema_pb2.INT, schema_pb2.FLOAT) and present:
+        domain = feature.int_domain if feature.HasField("int_domain") else feature.float_domain if feature.HasField("float_domain") else None
+        if domain is not None:
+            low, high = stats.num_stats.min, stats.num_stats.max
+            if domain.HasField("min") and low < domain.min:
+                kind = T.INT_TYPE_SMALL_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_SMALL_FLOAT
+                out.add(name, kind, "Out-of-range values",
+                        f"'{name}' has values down to {low:g}, below the minimum {domain.min:g}.")
+            if domain.HasField("max") and high > domain.max:
+                kind = T.INT_TYPE_BIG_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_BIG_FLOAT
+                out.add(name, kind, "Out-of-range values",
+                        f"'{name}' has values up to {high:g}, above the maximum {domain.max:g}.")
+
+
+def _check_skew(out: _Collector, feature, stats, baseline, baseline_name: str, config: ValidationConfig) -> None:
+    name = feature.name
+    comparator = feature.skew_comparator
+    if stats.type == FNS.STRING and baseline.type == FNS.STRING:
+        threshold = comparator.infinity_norm.threshold if comparator.HasField("infinity_norm") else config.max_linf_distance
+        gap, value = linf_distance(baseline, stats)
+        if gap > threshold:
+            out.add(name, T.COMPARATOR_L_INFTY_HIGH, "High L-infinity distance between splits",
+                    f"'{name}' category frequencies differ from '{baseline_name}': L-infinity distance {gap:.3f} "
+                    f"> {threshold:g} (largest change: {value!r}).")
+    elif stats.type in (FNS.INT, FNS.FLOAT) and baseline.type in (FNS.INT, FNS.FLOAT):
+        has = comparator.HasField("jensen_shannon_divergence")
+        threshold = comparator.jensen_shannon_divergence.threshold if has else config.max_js_divergence
+        divergence = js_divergence(baseline, stats)
+        if divergence > threshold:
+            out.add(name, T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH, "High Jensen-Shannon divergence between splits",
+                    f"'{name}' distribution differs from '{baseline_name}': Jensen-Shannon divergence {divergence:.3f} "
+                    f"> {threshold:g} (mean {baseline.num_stats.mean:.4g} -> {stats.num_stats.mean:.4g}).")
+
+
+def validate_split(
+    split: str,
+    stats: statistics_pb2.DatasetFeatureStatistics,
+    schema: schema_pb2.Schema,
+    config: ValidationConfig,
+    baseline: statistics_pb2.DatasetFeatureStatistics | None = None,
+) -> tuple[anomalies_pb2.Anomalies, list[Problem]]:
+    """One split's anomalies against the schema, and its skew against `baseline` (the train split)."""
+    out = _Collector(split)
+    out.anomalies.baseline.CopyFrom(schema)
+    by_name = {f.name: f for f in stats.features}
+    base_by_name = {f.name: f for f in baseline.features} if baseline is not None else {}
+    if stats.num_examples == 0:
+        out.anomalies.dataset_anomaly_info.severity = T.ERROR
+        out.anomalies.dataset_anomaly_info.description = f"split '{split}' has no examples"
+        out.problems.append(Problem(split, "(dataset)", "DATASET_EMPTY", f"split '{split}' has no examples."))
+    for feature in schema.feature:
+        feature_stats = by_name.get(feature.name)
+        if feature_stats is None or common_stats(feature_stats).num_non_missing == 0:
+            if feature.presence.min_count or feature.presence.min_fraction:
+                out.add(feature.name, T.SCHEMA_MISSING_COLUMN, "Column dropped",
+                        f"'{feature.name}' is in the schema but not in the data of split '{split}'.")
+            continue
+        _check_feature(out, schema, feature, feature_stats, stats.num_examples, config)
+        if feature.name in base_by_name and feature.name not in out.anomalies.anomaly_info:
+            _check_skew(out, feature, feature_stats, base_by_name[feature.name], baseline.name, config)
+    known = {f.name for f in schema.feature}
+    for feature_stats in stats.features:
+        if feature_stats.name not in known:
+            which = feature_stats.WhichOneof("stats")
+            examples = list(value_counts(feature_stats))[: config.example_values] if which == "string_stats" else []
+            extra = f", e.g. {_quote(examples, config.example_values)}" if examples else ""
+            out.add(feature_stats.name, T.SCHEMA_NEW_COLUMN, "New column",
+                    f"'{feature_stats.name}' is in the data of split '{split}' but not in the schema{extra}.")
+    return out.anomalies, out.problems
+
+
+def has_anomalies(anomalies: anomalies_pb2.Anomalies) -> bool:
+    """TFX's ExampleValidator rule for `blessed`."""
+    return bool(anomalies.anomaly_info) or anomalies.HasField("dataset_anomaly_info")
+
+
+def write_anomalies(split_dir: str, anomalies: anomalies_pb2.Anomalies) -> str:
+    tf.io.gfile.makedirs(split_dir)
+    path = os.path.join(split_dir, ANOMALIES_FILE)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(anomalies.SerializeToString())
+    return path
+
+
+def read_anomalies(split_dir: str) -> anomalies_pb2.Anomalies:
+    with tf.io.gfile.GFile(os.path.join(split_dir, ANOMALIES_FILE), "rb") as f:
+        return anomalies_pb2.Anomalies.FromString(f.read())
+
+
+def problems_of(split: str, anomalies: anomalies_pb2.Anomalies) -> list[Problem]:
+    """The readable problems stored in an Anomalies proto."""
+    out = []
+    for feature, info in sorted(anomalies.anomaly_info.items()):
+        for reason in info.reason:
+            out.append(Problem(split, feature, T.Type.Name(reason.type), reason.description))
+    if anomalies.HasField("dataset_anomaly_info"):
+        out.append(Problem(split, "(dataset)", "DATASET", anomalies.dataset_anomaly_info.description))
+    return out
+
+
+def format_problems(problems: list[Problem]) -> str:
+    """One line per problem: split, feature, problem (with example values)."""
+    lines = [f"data validation found {len(problems)} anomal{'y' if len(problems) == 1 else 'ies'}:"]
+    for p in problems:
+        lines.append(f"  [{p.split}] {p.feature}: {p.description} ({p.kind})")
+    return "\n".join(lines)

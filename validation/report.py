@@ -1,0 +1,100 @@
+"""A human view of statistics and anomalies: one HTML page plus a PNG histogram per feature
+(splits side by side), written from the protos alone."""
+from __future__ import annotations
+
+import html
+import os
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2  # noqa: E402
+
+from validation.anomalies import Problem  # noqa: E402
+from validation.statistics import common_stats  # noqa: E402
+
+FNS = statistics_pb2.FeatureNameStatistics
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _plot(feature: str, per_split: dict[str, FNS], path: str) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3))
+    numeric = all(f.type in (FNS.INT, FNS.FLOAT) for f in per_split.values())
+    for split, stats in per_split.items():
+        if numeric:
+            buckets = [b for h in stats.num_stats.histograms if h.type == statistics_pb2.Histogram.STANDARD for b in h.buckets]
+            total = sum(b.sample_count for b in buckets) or 1.0
+            ax.stairs([b.sample_count / total for b in buckets],
+                      [buckets[0].low_value] + [b.high_value for b in buckets] if buckets else [0.0], label=split)
+        else:
+            buckets = list(stats.string_stats.rank_histogram.buckets)[:15]
+            total = sum(b.sample_count for b in stats.string_stats.rank_histogram.buckets) or 1.0
+            ax.barh([f"{b.label[:20]}" for b in buckets], [b.sample_count / total for b in buckets], alpha=0.5, label=split)
+    ax.set_title(feature)
+    ax.set_xlabel("fraction" if not numeric else feature)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _summary(stats: FNS, num_examples: int) -> str:
+    common = common_stats(stats)
+    missing = common.num_missing / num_examples if num_examples else 0.0
+    if stats.type in (FNS.INT, FNS.FLOAT):
+        n = stats.num_stats
+        return f"missing {missing:.1%}; mean {n.mean:.4g}, std {n.std_dev:.4g}, min {n.min:.4g}, median {n.median:.4g}, max {n.max:.4g}"
+    s = stats.string_stats
+    top = ", ".join(f"{v.value} ({v.frequency:g})" for v in s.top_values[:5])
+    return f"missing {missing:.1%}; {s.unique} distinct; top: {top}"
+
+
+def write_report(
+    out_dir: str,
+    stats_by_split: dict[str, statistics_pb2.DatasetFeatureStatistics],
+    schema: schema_pb2.Schema | None,
+    problems: list[Problem],
+) -> str:
+    """Writes `<out_dir>/index.html` and `<out_dir>/<feature>.png`; returns the page's path."""
+    os.makedirs(out_dir, exist_ok=True)
+    features = sorted({f.name for s in stats_by_split.values() for f in s.features})
+    types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature} if schema is not None else {}
+    rows = []
+    for name in features:
+        per_split = {split: f for split, s in stats_by_split.items() for f in s.features if f.name == name}
+        image = f"{_safe(name)}.png"
+        _plot(name, per_split, os.path.join(out_dir, image))
+        details = "<br>".join(
+            f"<b>{html.escape(split)}</b>: {html.escape(_summary(f, stats_by_split[split].num_examples))}"
+            for split, f in per_split.items()
+        )
+        found = [p for p in problems if p.feature == name]
+        flags = "<br>".join(f"<b>[{html.escape(p.split)}]</b> {html.escape(p.description)}" for p in found) or "ok"
+        css = ' class="bad"' if found else ""
+        rows.append(f"<tr{css}><td>{html.escape(name)}</td><td>{types.get(name, '(not in schema)')}</td>"
+                    f"<td>{details}</td><td>{flags}</td><td><img src=\"{image}\" alt=\"{html.escape(name)}\"></td></tr>")
+    dataset_problems = "".join(f"<li>[{html.escape(p.split)}] {html.escape(p.description)}</li>"
+                               for p in problems if p.feature not in features)
+    counts = ", ".join(f"{split}: {s.num_examples} examples" for split, s in stats_by_split.items())
+    verdict = f"{len(problems)} anomalies" if problems else "no anomalies"
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>loopline data report</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px;vertical-align:top;font-size:13px}} tr.bad td{{background:#fde8e8}}</style>
+</head><body>
+<h1>Data report</h1>
+<p>{html.escape(counts)}. <b>{verdict}</b>.</p>
+{f"<ul>{dataset_problems}</ul>" if dataset_problems else ""}
+<table><tr><th>feature</th><th>schema type</th><th>statistics</th><th>anomalies</th><th>distribution</th></tr>
+{"".join(rows)}
+</table></body></html>
+"""
+    path = os.path.join(out_dir, "index.html")
+    with open(path, "w") as f:
+        f.write(page)
+    return path
