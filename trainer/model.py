@@ -4,7 +4,15 @@ A model module is a Python file that may define:
   LABELS: list[str]                         label columns, one head each (default: data.label)
   build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
   loss_weights(step: tf.Tensor) -> dict     per-head weights, may depend on the step
+  metrics(targets, outputs) -> dict         extra eval metrics (batch means of tensors)
 Anything it leaves out falls back to the generic tabular model.
+
+For full control of the step (e.g. a GAN with two optimizers) it may instead define:
+  build_models(ctx) -> dict[str, keras.Model]          EXPORT_MODEL names the one to export
+  build_optimizers(ctx, learning_rate) -> dict[str, Optimizer]   keyed like the models they train
+  train_step(step_ctx, features, targets) -> dict[str, tf.Tensor]
+The loop still runs the strategy, steps_per_loop, checkpoints, summaries and evaluation; the
+returned values are logged after a SUM over replicas (so scale them by the global batch).
 """
 from __future__ import annotations
 
@@ -81,6 +89,17 @@ def load_module(path: str | None) -> ModuleType | None:
 
 def label_names(module: ModuleType | None, default_label: str) -> list[str]:
     return list(getattr(module, "LABELS", None) or [default_label])
+
+
+def build_models(module: ModuleType | None, ctx: ModelContext) -> dict[str, keras.Model]:
+    """Every model the run trains, by name; a plain module has one, "model"."""
+    builder = getattr(module, "build_models", None)
+    if builder is None:
+        return {"model": build_model(module, ctx)}
+    models = builder(ctx)
+    if not isinstance(models, dict) or not models:
+        raise ValueError("build_models(ctx) must return a non-empty dict {name: keras.Model}")
+    return models
 
 
 def build_model(module: ModuleType | None, ctx: ModelContext) -> keras.Model:
