@@ -114,15 +114,12 @@ def _configure_runtime(config: TrainerConfig) -> None:
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     tf.config.run_functions_eagerly(config.debug)
-    if config.debug:
-        tf.debugging.enable_check_numerics()
 
 
 def _reset_runtime(config: TrainerConfig) -> None:
     keras.config.set_dtype_policy("float32")
     if config.debug:
         tf.config.run_functions_eagerly(False)
-        tf.debugging.disable_check_numerics()
 
 
 def _better(metric: str, value: float, best: float | None) -> bool:
@@ -241,6 +238,10 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir) -
             loss += batch_loss
             losses = {k: losses[k] + batch_losses[k] / accum for k in losses}
 
+        if config.debug:  # name the first non-finite value (inputs may hold NaN: it means missing)
+            tf.debugging.check_numerics(loss, f"loss at step {int(step)}")
+            for variable, gradient in zip(variables, gradients):
+                tf.debugging.check_numerics(gradient, f"gradient of {variable.path} at step {int(step)}")
         scale = tf.cast(optimizer.dynamic_scale, tf.float32) if float16 else 1.0
         if replicas > 1:  # the global gradient, so its norm and clipping are exact
             gradients = tf.distribute.get_replica_context().all_reduce("sum", gradients)
