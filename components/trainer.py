@@ -34,7 +34,8 @@ def Trainer(
 
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
-    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label)
+    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label,
+                   work_dir=model_run.uri)
     export_saved_model(result.model, result.kinds, result.heads, path_utils.serving_model_path(model.uri))
     metrics = {**result.metrics, "steps": result.steps}
     with open(os.path.join(model_run.uri, "metrics.json"), "w") as f:

@@ -68,6 +68,8 @@ def evaluate(model: keras.Model, heads: list[Head], dataset: tf.data.Dataset, me
     """Loss per head, accuracy (classification) and RMSE (regression) over a whole split, plus
     the module's own `metrics(targets, outputs)` (batch means, weighted by batch size)."""
     sums: dict[str, float] = {}
+    if not heads and metrics_fn is None:
+        return {}  # nothing to measure (e.g. a GAN module without `metrics`)
 
     def add(key, value):
         sums[key] = sums.get(key, 0.0) + float(value)

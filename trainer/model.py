@@ -88,7 +88,8 @@ def load_module(path: str | None) -> ModuleType | None:
 
 
 def label_names(module: ModuleType | None, default_label: str) -> list[str]:
-    return list(getattr(module, "LABELS", None) or [default_label])
+    labels = getattr(module, "LABELS", None)
+    return [default_label] if labels is None else list(labels)  # [] is allowed: no heads (e.g. a GAN)
 
 
 def build_models(module: ModuleType | None, ctx: ModelContext) -> dict[str, keras.Model]:
