@@ -252,7 +252,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir) -
             gradients, _ = tf.clip_by_global_norm(gradients, config.clip_norm * scale, use_norm=grad_norm * scale)
         finite = tf.math.is_finite(loss) if float16 else tf.math.is_finite(loss) & tf.math.is_finite(grad_norm)
         if replicas > 1:
-            finite = tf.distribute.get_replica_context().all_reduce("min", tf.cast(finite, tf.float32)) > 0
+            bad = tf.distribute.get_replica_context().all_reduce("sum", 1.0 - tf.cast(finite, tf.float32))
+            finite = bad == 0.0
             gradients = [g / replicas for g in gradients]  # Keras' apply sums across replicas again
         if config.nan_policy == "skip":
             optimization.apply_if(finite, optimizer, gradients, variables)
