@@ -43,7 +43,8 @@ def Trainer(
         from validation.schema import load_schema
 
         kinds = kinds_from_schema(load_schema(schema.uri))
-    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label, kinds=kinds)
+    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label, kinds=kinds,
+                   work_dir=model_run.uri)
     # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
     export_model(result.model, result.kinds, result.heads, result.metrics, path_utils.serving_model_path(model.uri),
                  model.uri, split_pattern(examples, "train"), split_pattern(examples, "eval"),

@@ -56,6 +56,31 @@ def cmd_data_report(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    """The trainer alone, for fast iteration: on TFRecord splits, or straight from data.path."""
+    import json
+
+    from trainer.loop import train
+
+    config = _config(args)
+    work_dir = os.path.abspath(args.work_dir or os.path.join(config.pipeline.root, "train", config.pipeline.name))
+    if args.train and args.eval:
+        train_pattern, eval_pattern = args.train, args.eval
+    elif args.train or args.eval:
+        raise ConfigError("--train and --eval go together")
+    else:
+        from trainer.csv_examples import csv_to_tfrecords
+
+        train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
+    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir)
+    metrics = {**result.metrics, "steps": result.steps}
+    with open(os.path.join(work_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    print(f"loopline train: {result.steps} steps; checkpoints and TensorBoard under {work_dir}")
+    print(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(report)
     report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
     report.set_defaults(func=cmd_data_report)
+    train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
+    _common(train)
+    train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
+    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path CSV")
+    train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
+    train.set_defaults(func=cmd_train)
     return parser
 
 

@@ -96,10 +96,16 @@ def test_warn_only_trains_despite_anomalies(tmp_path):
     rows = penguin_rows()
     rows[7]["body_mass_g"] = "heavy"
     data = write_csv(tmp_path / "p.csv", rows)
-    config = make_config(tmp_path / "ws", "trainer.epochs=1", f"data.path={data}", "validation.warn_only=true")
+    # The generic model takes the broken column as a string feature; the default multi-task module
+    # declares body_mass_g a regression label and refuses it, naming the label.
+    config = make_config(tmp_path / "ws", "trainer.epochs=1", f"data.path={data}", "validation.warn_only=true",
+                         "trainer.module_file=null")
     summary = run_local(config)
     assert summary.version is not None
     assert summary.executions["ExampleValidator"] == "COMPLETE"
+    strict = make_config(tmp_path / "ws2", "trainer.epochs=1", f"data.path={data}", "validation.warn_only=true")
+    with pytest.raises(ValueError, match="label 'body_mass_g': the model module declares regression, but the data holds strings"):
+        run_local(strict)
 
 
 def test_other_dataset_with_a_regression_label_runs_end_to_end(tmp_path):

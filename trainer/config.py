@@ -1,19 +1,78 @@
 """The trainer's configuration: the `trainer:` section of loopline.yaml."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class TrainerConfig(BaseModel):
-    """Every key is optional; the defaults train the bundled data as they are."""
-
+class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputConfig(_Section):
+    """tf.data over the GZIP TFRecord splits."""
+
+    shuffle_buffer: int = Field(10_000, ge=1, description="Examples held in the shuffle buffer.")
+    cache: bool = Field(True, description="Cache the serialized records in memory after the first pass.")
+    parallel_reads: int = Field(4, ge=1, description="Files read at once (parallel interleave).")
+    deterministic: bool = Field(
+        True, description="Same order on every run (and exact resume); false lets tf.data reorder for speed."
+    )
+
+
+class TrainerConfig(_Section):
+    """Every key is optional; the defaults train the bundled data as they are."""
 
     module_file: str | None = Field(
         None, description="User model module (build_model, heads...); null builds a generic tabular model."
     )
     epochs: int = Field(20, ge=1)
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, description="Global batch size (split across replicas).")
     learning_rate: float = Field(0.01, gt=0)
     seed: int = 42
+    input: InputConfig = InputConfig()
+
+    # Distribution and speed.
+    strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = Field(
+        "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored on 2+ GPUs, else one device."
+    )
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    jit_compile: bool = Field(False, description="Compile the step with XLA.")
+    steps_per_loop: int = Field(1, ge=1, description="Optimizer steps run inside one tf.function call.")
+
+    # The step.
+    lr_schedule: Literal["constant", "cosine", "exponential"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (cosine schedule).")
+    decay_steps: int | None = Field(
+        None, ge=1, description="cosine: steps to decay over (default: the whole run); exponential: steps per decay_rate."
+    )
+    decay_rate: float = Field(0.96, gt=0, le=1, description="exponential: factor per decay_steps.")
+    grad_accum_steps: int = Field(1, ge=1, description="Batches whose gradients are summed per optimizer step.")
+    clip_norm: float | None = Field(None, gt=0, description="Clip gradients by this global norm.")
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1, description="Keep an exponential moving average of the weights; eval and export use it."
+    )
+    nan_policy: Literal["stop", "skip"] = Field(
+        "stop", description="A non-finite loss or gradient: stop with an error naming the step, or skip the update."
+    )
+    lr_multipliers: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-layer learning-rate multipliers: {regex on variable path: factor}; first match wins.",
+    )
+
+    # Checkpoints, evaluation, summaries.
+    checkpoint_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
+    keep_checkpoints: int = Field(3, ge=1)
+    resume: bool = Field(True, description="Resume from the latest checkpoint in the work folder.")
+    eval_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
+    early_stopping_metric: str | None = Field(None, description="Eval metric to watch, e.g. loss or species_accuracy.")
+    early_stopping_patience: int = Field(3, ge=1, description="Evaluations without improvement before stopping.")
+    tensorboard: bool = Field(True, description="Write TensorBoard summaries under the work folder.")
+    histogram_every_steps: int = Field(0, ge=0, description="Weight/gradient histograms and per-layer grad norms; 0: off.")
+    progress: Literal["auto", "bar", "log"] = Field("auto", description="auto: a bar on a terminal, log lines otherwise.")
+
+    # Reproducibility and debugging.
+    deterministic: bool = Field(False, description="TF op determinism (bit-identical reruns on CPU; slower).")
+    debug: bool = Field(False, description="Run the step eagerly with numeric checks (breakpoints and prints work).")

@@ -39,7 +39,7 @@ def prediction_key(heads: list[Head], head: Head) -> str:
 
 
 def label_kinds(heads: list[Head]) -> dict[str, str]:
-    return {h.name: "string" if h.kind == CLASSIFICATION else "float32" for h in heads}
+    return {h.name: h.label_dtype for h in heads}
 
 
 def head_metrics(heads: list[Head], predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> dict[str, float]:

@@ -25,6 +25,7 @@ class Head:
     mean: float = 0.0
     std: float = 1.0
     weight: float = 1.0
+    label_dtype: str = "string"  # how the label is stored in the tf.Examples: string, int64 or float32
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,15 +1,25 @@
 """Building the model: from the user's model module, or a generic tabular model from the data.
 
 A model module is a Python file that may define:
-  LABELS: list[str]                         label columns, one head each (default: data.label)
+  LABELS: list[str] or dict[str, str]      label columns, one head each (default: data.label); a dict
+                                            also declares each head "classification" or "regression"
   build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
   loss_weights(step: tf.Tensor) -> dict     per-head weights, may depend on the step
+  metrics(targets, outputs) -> dict         extra eval metrics (batch means of tensors)
 Anything it leaves out falls back to the generic tabular model.
+
+For full control of the step (e.g. a GAN with two optimizers) it may instead define:
+  build_models(ctx) -> dict[str, keras.Model]          EXPORT_MODEL names the one to export
+  build_optimizers(ctx, learning_rate) -> dict[str, Optimizer]   keyed like the models they train
+  train_step(step_ctx, features, targets) -> dict[str, tf.Tensor]
+The loop still runs the strategy, steps_per_loop, checkpoints, summaries and evaluation; the
+returned values are logged after a SUM over replicas (so scale them by the global batch).
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +29,8 @@ import keras
 
 from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, is_number
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
+
+log = logging.getLogger("loopline.trainer")
 
 
 @dataclass
@@ -51,11 +63,17 @@ def build_tabular_model(ctx: ModelContext, hidden_units=(64, 64)) -> keras.Model
     return keras.Model(inputs, outputs, name="tabular")
 
 
-def make_head(name: str, kind: str, stats: FeatureStats) -> Head:
-    """A head for label column `name`: classification for strings, regression for numbers."""
+def make_head(name: str, kind: str, stats: FeatureStats, expected: str | None = None) -> Head:
+    """A head for label column `name`: classification for strings, regression for numbers.
+    `expected` is the head kind the model module declares, checked against the data."""
+    found = REGRESSION if is_number(kind) else CLASSIFICATION
+    if expected is not None and expected != found:
+        hint = " (text in a numeric column?)" if expected == REGRESSION else ""
+        raise ValueError(f"label '{name}': the model module declares {expected}, but the data holds "
+                         f"{'numbers' if is_number(kind) else 'strings'}{hint}")
     if is_number(kind):
         mean, std = stats.numbers[name]
-        return Head(name, REGRESSION, mean=mean, std=std)
+        return Head(name, REGRESSION, mean=mean, std=std, label_dtype=kind)
     vocabulary = stats.strings.get(name) or []
     if len(vocabulary) < 2:
         raise ValueError(f"label '{name}' has {len(vocabulary)} distinct value(s) in the training split; need 2 or more")
@@ -80,7 +98,36 @@ def load_module(path: str | None) -> ModuleType | None:
 
 
 def label_names(module: ModuleType | None, default_label: str) -> list[str]:
-    return list(getattr(module, "LABELS", None) or [default_label])
+    labels = getattr(module, "LABELS", None)
+    return [default_label] if labels is None else list(labels)  # [] is allowed: no heads (e.g. a GAN)
+
+
+def module_for_label(module: ModuleType | None, label: str, path: str | None) -> ModuleType | None:
+    """A module written for other labels (the default penguins module on a user's CSV) gives way
+    to the generic tabular model, so `--set data.path=... --set data.label=...` is enough."""
+    labels = getattr(module, "LABELS", None)
+    if labels and label not in labels:
+        log.warning("trainer.module_file %s predicts %s, not data.label '%s': using the generic tabular model",
+                    path, sorted(labels), label)
+        return None
+    return module
+
+
+def declared_head_kinds(module: ModuleType | None) -> dict[str, str]:
+    """LABELS may be a dict {label: "classification" | "regression"}; a list declares no kinds."""
+    labels = getattr(module, "LABELS", None)
+    return dict(labels) if isinstance(labels, dict) else {}
+
+
+def build_models(module: ModuleType | None, ctx: ModelContext) -> dict[str, keras.Model]:
+    """Every model the run trains, by name; a plain module has one, "model"."""
+    builder = getattr(module, "build_models", None)
+    if builder is None:
+        return {"model": build_model(module, ctx)}
+    models = builder(ctx)
+    if not isinstance(models, dict) or not models:
+        raise ValueError("build_models(ctx) must return a non-empty dict {name: keras.Model}")
+    return models
 
 
 def build_model(module: ModuleType | None, ctx: ModelContext) -> keras.Model:

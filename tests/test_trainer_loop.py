@@ -1,0 +1,148 @@
+"""The custom-loop trainer on small data: every control trains, combines and reports."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.trainer_data import points_splits, read_events, regression_splits
+from trainer.config import TrainerConfig
+from trainer.csv_examples import csv_to_tfrecords
+from trainer.loop import train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def penguins(tmp_path_factory):
+    return csv_to_tfrecords(str(REPO / "data" / "penguins.csv"), str(tmp_path_factory.mktemp("penguins")))
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    return regression_splits(tmp_path_factory.mktemp("regression"))
+
+
+def weights(result):
+    return [np.asarray(w) for w in result.model.get_weights()]
+
+
+def test_penguins_multitask_module(penguins):
+    config = TrainerConfig(module_file=str(REPO / "examples/penguins/model.py"), epochs=8, batch_size=16)
+    result = train(config, *penguins, "species")
+    assert [h.name for h in result.heads] == ["species", "body_mass_g"]
+    assert "body_mass_g" not in result.kinds and "species" not in result.kinds
+    assert result.metrics["species_accuracy"] > 0.85
+    # Body mass spreads ~800 g; the regression head must beat predicting the mean.
+    std = result.heads[1].std
+    assert result.metrics["body_mass_g_rmse"] < 0.7 * std
+    assert 0 < result.metrics["body_mass_g_mae"] < result.metrics["body_mass_g_rmse"] * 1.01
+    assert all(w.dtype == np.float32 for w in weights(result))
+
+
+def test_all_controls_combine_and_report(regression, tmp_path):
+    config = TrainerConfig(
+        epochs=3, batch_size=32, learning_rate=0.02, precision="mixed_bfloat16", grad_accum_steps=2,
+        clip_norm=1.0, ema_decay=0.5, lr_schedule="cosine", warmup_steps=3, jit_compile=True,
+        steps_per_loop=4, nan_policy="skip", lr_multipliers={"hidden_0": 0.5}, histogram_every_steps=5,
+        eval_every_steps=4, early_stopping_metric="loss", early_stopping_patience=10,
+    )
+    result = train(config, *regression, "target", work_dir=str(tmp_path))
+    assert result.steps == 3 * (512 // 32 // 2)
+    assert result.model.dtype_policy.name == "float32"
+    assert all(w.dtype == np.float32 for w in weights(result))
+    assert result.metrics["target_rmse"] < 1.5  # the label's std is ~2.7
+    train_tags = read_events(tmp_path / "tensorboard" / "train")
+    for tag in ("loss", "loss/target", "grad_norm", "learning_rate", "examples_per_sec", "skipped_steps",
+                "grad_norm/hidden_0/kernel", "weights/hidden_0/kernel", "gradients/hidden_0/kernel"):
+        assert tag in train_tags, tag
+    lr = train_tags["learning_rate"]
+    assert lr[0] < max(lr) and lr[-1] < max(lr)  # warm-up, then cosine decay
+    assert "target_rmse" in read_events(tmp_path / "tensorboard" / "eval")
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(f"-{result.steps}")
+
+
+def test_float16_logs_loss_scale(regression, tmp_path):
+    config = TrainerConfig(epochs=1, precision="mixed_float16", steps_per_loop=4)
+    result = train(config, *regression, "target", work_dir=str(tmp_path))
+    scales = read_events(tmp_path / "tensorboard" / "train")["loss_scale"]
+    assert scales and all(s > 1 for s in scales)
+    assert np.isfinite(result.metrics["loss"])
+
+
+def test_ema_weights_are_evaluated_and_returned(regression):
+    config = TrainerConfig(epochs=1, learning_rate=0.05, steps_per_loop=8)
+    one_step = train(config.model_copy(update={"max_steps": 1}), *regression, "target")
+    # The average starts at the weights after the first step; a decay this close to 1 keeps it there.
+    frozen = train(config.model_copy(update={"ema_decay": 0.999999}), *regression, "target")
+    for a, b in zip(weights(one_step), weights(frozen)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+    plain = train(config, *regression, "target")
+    assert frozen.metrics["target_rmse"] > 1.5 * plain.metrics["target_rmse"]
+
+
+def test_nan_guard_stops_naming_the_step_or_skips(tmp_path):
+    splits = regression_splits(tmp_path, inf_every=2)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step 1\b"):
+        train(TrainerConfig(epochs=1), *splits, "target")
+    result = train(TrainerConfig(epochs=1, nan_policy="skip"), *splits, "target", work_dir=str(tmp_path / "w"))
+    assert all(np.isfinite(w).all() for w in weights(result))
+    assert sum(read_events(tmp_path / "w" / "tensorboard" / "train")["skipped_steps"]) > 0
+
+
+def test_seeded_deterministic_runs_are_identical(regression):
+    config = TrainerConfig(epochs=1, max_steps=6, seed=7, deterministic=True, steps_per_loop=3)
+    first, second = train(config, *regression, "target"), train(config, *regression, "target")
+    for a, b in zip(weights(first), weights(second)):
+        np.testing.assert_array_equal(a, b)
+    other = train(config.model_copy(update={"seed": 8}), *regression, "target")
+    assert not all(np.array_equal(a, b) for a, b in zip(weights(first), weights(other)))
+
+
+def test_resume_continues_exactly(regression, tmp_path, caplog):
+    config = TrainerConfig(epochs=2, seed=3, deterministic=True, checkpoint_every_steps=5, ema_decay=0.9)
+    straight = train(config, *regression, "target")
+    train(config.model_copy(update={"max_steps": 10}), *regression, "target", work_dir=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        resumed = train(config, *regression, "target", work_dir=str(tmp_path))
+    assert "resumed from step 10" in caplog.text
+    assert resumed.steps == straight.steps == 32
+    for a, b in zip(weights(straight), weights(resumed)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import tensorflow as tf\nSEEN = []\n"
+        "def loss_weights(step):\n    SEEN.append(tf.executing_eagerly())\n    return {}\n"
+    )
+    from trainer.model import load_module
+
+    train(TrainerConfig(epochs=1, max_steps=2, debug=True, module_file=str(module)), *regression, "target")
+    assert load_module(str(module)).SEEN == [True, True]
+    assert not tf.executing_eagerly() or not tf.config.functions_run_eagerly()
+
+
+def test_gan_two_optimizers_same_loop(tmp_path):
+    splits = points_splits(tmp_path / "data")
+    config = TrainerConfig(module_file=str(REPO / "examples/gan/model.py"), epochs=20, batch_size=64,
+                           learning_rate=0.01, steps_per_loop=16)
+    result = train(config, *splits, "unused", work_dir=str(tmp_path / "w"))
+    generated = result.model(tf.random.normal([2000, 4], seed=1)).numpy()
+    assert np.linalg.norm(generated.mean(axis=0) - np.array([3.0, -2.0])) < 1.0
+    saved = {name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(str(tmp_path / "w" / "checkpoints")))}
+    assert any(n.startswith("optimizer_generator") for n in saved)
+    assert any(n.startswith("optimizer_discriminator") for n in saved)
+    tags = read_events(tmp_path / "w" / "tensorboard" / "train")
+    assert "generator_loss" in tags and "discriminator_loss" in tags
+
+
+def test_jit_with_string_features_is_refused_clearly(penguins):
+    with pytest.raises(ValueError, match=r"jit_compile.*string features \['island', 'sex'\]"):
+        train(TrainerConfig(epochs=1, jit_compile=True), *penguins, "species")

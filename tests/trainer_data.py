@@ -1,0 +1,61 @@
+"""Small GZIP TFRecord splits for trainer tests, written without TFX."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+
+def write_examples(path, columns: dict[str, np.ndarray]) -> str:
+    """One tf.Example per row; float columns as float_list, str columns as bytes_list."""
+    names = list(columns)
+    rows = len(columns[names[0]])
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as writer:
+        for i in range(rows):
+            feature = {}
+            for name in names:
+                value = columns[name][i]
+                if isinstance(value, str):
+                    feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+                else:
+                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return str(path)
+
+
+def regression_splits(folder, rows: int = 512, seed: int = 0, inf_every: int = 0) -> tuple[str, str]:
+    """y = x . w + noise over 4 numeric features; `inf_every` puts +inf in x0 of every Nth row."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for split, n in (("train", rows), ("eval", rows // 4)):
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        y = x @ np.array([1.5, -2.0, 0.5, 1.0], np.float32) + 0.1 * rng.normal(size=n).astype(np.float32)
+        if inf_every and split == "train":
+            x[::inf_every, 0] = np.inf
+        columns = {f"x{i}": x[:, i] for i in range(4)} | {"target": y}
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", columns))
+    return paths[0], paths[1]
+
+
+def points_splits(folder, rows: int = 1024, center=(3.0, -2.0)) -> tuple[str, str]:
+    rng = np.random.default_rng(1)
+    paths = []
+    for split, n in (("train", rows), ("eval", 64)):
+        xy = rng.normal(size=(n, 2)).astype(np.float32) * 0.3 + np.array(center, np.float32)
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", {"x": xy[:, 0], "y": xy[:, 1]}))
+    return paths[0], paths[1]
+
+
+def read_events(folder) -> dict[str, list[float]]:
+    """Tag -> scalar values (or histogram counts summed) from TF event files under `folder`."""
+    from tensorflow.core.util import event_pb2
+
+    tags: dict[str, list] = {}
+    for path in tf.io.gfile.glob(f"{folder}/events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                array = tf.make_ndarray(value.tensor)
+                tags.setdefault(value.tag, []).append(float(array) if array.ndim == 0 else float(array[:, 2].sum()))
+    return tags

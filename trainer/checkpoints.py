@@ -1,0 +1,38 @@
+"""Checkpoints: everything needed to continue a run exactly — models, optimizers (with EMA and
+loss scale), the step, the number of batches consumed (the position in the data) and the RNG."""
+from __future__ import annotations
+
+import logging
+import os
+
+import tensorflow as tf
+
+log = logging.getLogger("loopline.trainer")
+
+
+class Checkpoints:
+    def __init__(self, directory: str | None, keep: int, every_steps: int | None, chief: bool = True, **trackables):
+        self.checkpoint = tf.train.Checkpoint(**trackables)
+        self.every_steps = every_steps
+        self.manager = None
+        if directory:
+            if not chief:  # other workers must save too (collectives), but somewhere private
+                directory = os.path.join(directory, f"worker-tmp-{os.getpid()}")
+            self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep)
+
+    def restore_latest(self, step_variable) -> int:
+        """Restores the newest checkpoint if there is one; returns the step it holds (0 if none)."""
+        if self.manager is None or self.manager.latest_checkpoint is None:
+            return 0
+        self.checkpoint.restore(self.manager.latest_checkpoint).expect_partial()
+        step = int(step_variable.numpy())
+        log.info("resumed from step %d (%s)", step, self.manager.latest_checkpoint)
+        return step
+
+    def save(self, step: int) -> str | None:
+        if self.manager is None:
+            return None
+        return self.manager.save(checkpoint_number=step)
+
+    def due(self, step: int) -> bool:
+        return bool(self.manager and self.every_steps and step % self.every_steps == 0)

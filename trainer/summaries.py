@@ -1,0 +1,100 @@
+"""What a run reports as it goes: TensorBoard (separate train and eval writers), metric sinks
+(e.g. MLflow) and a progress bar on a terminal or plain log lines otherwise."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Protocol, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+log = logging.getLogger("loopline.trainer")
+
+
+def _metadata(plugin: str) -> bytes:
+    # tf.summary.scalar/histogram live in the tensorboard package, which the stack leaves out;
+    # tf.summary.write with the plugin's metadata writes the same records TensorBoard reads.
+    meta = summary_pb2.SummaryMetadata()
+    meta.plugin_data.plugin_name = plugin
+    meta.plugin_data.content = b""
+    return meta.SerializeToString()
+
+
+_SCALAR, _HISTOGRAM = _metadata("scalars"), _metadata("histograms")
+
+
+def histogram_buckets(values: np.ndarray, bins: int = 30) -> np.ndarray:
+    """`[bins, 3]` rows of (left edge, right edge, count): the histogram plugin's tensor format."""
+    values = np.asarray(values, np.float64).reshape(-1)
+    counts, edges = np.histogram(values, bins=bins)
+    return np.stack([edges[:-1], edges[1:], counts], axis=1)
+
+
+class MetricSink(Protocol):
+    """Receives metrics as training goes (e.g. MLflow); `log` must not raise on outages."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Summaries:
+    """TensorBoard writers under `<work_dir>/tensorboard/{train,eval}` plus the metric sinks."""
+
+    def __init__(self, work_dir: str | None, enabled: bool, sinks: Sequence[MetricSink] = ()):
+        self.sinks = list(sinks)
+        self.writers = {}
+        if work_dir and enabled:
+            for split in ("train", "eval"):
+                self.writers[split] = tf.summary.create_file_writer(os.path.join(work_dir, "tensorboard", split))
+
+    def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
+        writer = self.writers.get(split)
+        if writer:
+            with writer.as_default(step=step):
+                for key, value in values.items():
+                    tf.summary.write(key, tf.constant(float(value), tf.float32), metadata=_SCALAR)
+        for sink in self.sinks:
+            sink.log(step, {f"{split}/{k}": float(v) for k, v in values.items()})
+
+    def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        writer = self.writers.get("train")
+        if writer:
+            with writer.as_default(step=step):
+                for key, value in values.items():
+                    tf.summary.write(key, histogram_buckets(value), metadata=_HISTOGRAM)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.flush()
+            writer.close()
+
+
+class Progress:
+    """A tqdm bar over the run's steps on a terminal; a log line per report otherwise."""
+
+    def __init__(self, mode: str, total_steps: int, initial: int = 0, log_every_seconds: float = 30.0):
+        self.bar = None
+        self.log_every_seconds = log_every_seconds
+        self.last_log = time.monotonic()
+        if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, values: dict[str, float]) -> None:
+        shown = {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "examples_per_sec", "learning_rate")}
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(shown, refresh=True)
+        elif time.monotonic() - self.last_log >= self.log_every_seconds:
+            self.last_log = time.monotonic()
+            log.info("step %d %s", step, " ".join(f"{k}={v}" for k, v in shown.items()))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
