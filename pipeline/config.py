@@ -65,7 +65,7 @@ class LooplineConfig(_Section):
 
 
 # Keys holding paths, resolved against the config file's folder.
-_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"))
+_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"), ("serving", "tls_cert"), ("serving", "tls_key"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
