@@ -90,7 +90,7 @@ def _has_strings(value) -> bool:
 
 def _jsonable(array: np.ndarray):
     if array.dtype == object:
-        return [_jsonable(v) for v in array] if array.ndim else _text(array.item())
+        return [_jsonable(v) if isinstance(v, np.ndarray) else _text(v) for v in array] if array.ndim else _text(array.item())
     return array.tolist()
 
 

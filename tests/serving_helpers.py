@@ -89,7 +89,8 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def kill(self) -> None:
