@@ -204,7 +204,7 @@ class ModelManager:
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, spec) -> Servable:
-        """The loaded version a ModelSpec asks for. The caller uses it as a context manager."""
+        """The loaded version a ModelSpec asks for, counted in flight: use it as `with resolve(spec) as s:`."""
         name = spec.name
         with self._lock:
             state = self._models.get(name)
@@ -231,7 +231,7 @@ class ModelManager:
                 if not state.loaded:
                     raise not_found(f"Servable not found for request: Latest({name}); no version is loaded")
                 servable = state.loaded[max(state.loaded)]
-            servable.__enter__()  # counted in flight before the lock is released
+            servable.acquire()  # counted in flight before the lock is released
         return servable
 
     def status(self, name: str, version: int | None = None) -> list[tuple[int, str, str]]:

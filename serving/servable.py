@@ -74,9 +74,14 @@ class Servable:
         return {k: v for k, v in proto.meta_graphs[0].signature_def.items() if not k.startswith("__")}
 
     # In-flight accounting: the manager unloads a version only once its requests have finished.
-    def __enter__(self):
+    # `acquire()` counts a request in (the manager does it while resolving the model spec);
+    # leaving the `with` block counts it out.
+    def acquire(self) -> "Servable":
         with self._idle:
             self._in_flight += 1
+        return self
+
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc):

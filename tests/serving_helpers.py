@@ -56,10 +56,10 @@ def add_version(base: Path, source: Path, version: int) -> Path:
 class ServerProcess:
     """`loopline serve` in a child process on free ports; always stopped by `stop()`."""
 
-    def __init__(self, workspace: Path, *overrides: str, timeout: float = 90.0):
+    def __init__(self, workspace: Path, *overrides: str, grpc_port: int = 0, rest_port: int = 0, timeout: float = 90.0):
         self.log_path = workspace / f"server-{time.time_ns()}.log"
         args = [sys.executable, "-m", "pipeline.cli", "serve", "--config", str(REPO / "loopline.yaml"),
-                "--set", f"pipeline.root={workspace}", "--grpc-port", "0", "--rest-port", "0",
+                "--set", f"pipeline.root={workspace}", "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
                 "--set", "serving.poll_seconds=0.3", *[a for o in overrides for a in ("--set", o)]]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True,

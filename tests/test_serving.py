@@ -324,6 +324,7 @@ def test_hot_swap_under_16_clients_fails_no_request(stub, server, exported):
             t.join(30)
     errors = [r for r in results if r[0] == "error"]
     assert errors == []
+    assert "still in flight" not in server.log()
     answers[2] = next(s for v, s in results if v == 2)
     assert not np.allclose(answers[1], answers[2])
     for version, got in results:  # every answer is exactly one version's answer
