@@ -49,7 +49,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from serving.client import GrpcClient, RestClient, predict_rows, read_rows
+    from serving.client import GrpcClient, RestClient, predict_rows, read_rows, wait_until_serving
 
     config = _config(args)
     serving = config.serving
@@ -62,6 +62,8 @@ def cmd_predict(args) -> int:
         client = GrpcClient(f"{host}:{args.port or serving.grpc_port}", timeout=args.timeout, root_certificate=ca)
     try:
         rows = read_rows(args.input)
+        if args.wait:
+            wait_until_serving(client, model, args.wait)
         print("\n".join(predict_rows(rows, model, client, args.signature)))
     except ValueError as exc:
         print(f"loopline predict: error: {exc}", file=sys.stderr)
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--signature", default="predict_raw", help="signature taking one tensor per feature")
     predict.add_argument("--tls-ca", default=None, help="PEM root certificate for a TLS gRPC server")
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
     predict.set_defaults(func=cmd_predict)
     return parser
 

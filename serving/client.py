@@ -143,3 +143,18 @@ def predict_rows(rows: list[dict], model: str, client, signature: str = RAW_SIGN
     dtypes = client.input_dtypes(model, signature)
     outputs = client.predict(model, rows_to_columns(rows, dtypes), signature)
     return describe(outputs)
+
+
+def wait_until_serving(client, model: str, seconds: float, signature: str = RAW_SIGNATURE) -> None:
+    """Polls the model's metadata until it answers (a server still starting or loading)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.input_dtypes(model, signature)
+            return
+        except Exception:  # noqa: BLE001 - not up yet; the deadline bounds it
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
