@@ -187,9 +187,11 @@ def mlflow_serve(model_path: Path) -> dict:
     import requests
 
     port = free_port()
+    # mlflow starts `uvicorn` by name: put this interpreter's bin folder on PATH.
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", str(model_path), "-h", "127.0.0.1",
                              "-p", str(port), "--env-manager", "local"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/ping", proc, timeout=180)
         body = {"dataframe_split": {"columns": list(ROW), "data": [list(ROW.values())]}}

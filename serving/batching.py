@@ -1,8 +1,9 @@
 """Server-side batching: concurrent requests to one signature run as one call.
 
 Batches close greedily: a worker takes whatever has queued (up to `max_batch_size` rows) while the
-previous batch ran, so a lone request never waits for partners (no latency added at low load) and
-under load the model sees large batches. `batch_timeout_micros` is TF Serving's knob (written to
+previous batch ran, so a request never waits for partners that are not there, and under load the
+model sees large batches. A request arriving while no other is in flight runs at once in its own
+thread (no hand-off at low load). `batch_timeout_micros` is TF Serving's knob (written to
 batching.config for it); here the queue itself is the timeout.
 """
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Batcher:
         self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=max_enqueued * max_batch_size)
         self._pending: _Request | None = None
         self._take_lock = threading.Lock()
+        self._active_lock = threading.Lock()
+        self._active = 0  # requests inside submit()
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True) for i in range(threads)]
         for t in self._threads:
             t.start()
@@ -56,6 +59,18 @@ class Batcher:
         rows, key = _rows_and_key(inputs)
         if rows is None or rows >= self._max_rows:
             return self._run(inputs)  # not batchable, or a batch already
+        with self._active_lock:
+            self._active += 1
+            alone = self._active == 1
+        try:
+            if alone:  # nobody to batch with: run in the caller's thread, no hand-off latency
+                return self._run(inputs)
+            return self._enqueue(inputs, rows, key)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+
+    def _enqueue(self, inputs: Inputs, rows: int, key) -> dict[str, np.ndarray]:
         request = _Request(inputs, rows, key)
         try:
             self._queue.put_nowait(request)
