@@ -26,8 +26,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
+# The payoff: after the pipeline, serve the pushed model, ask it about a few penguins over gRPC,
+# print the answers and stop the server.
 run: setup
 	$(VENV)/bin/loopline run --config $(CONFIG)
+	@awk 'NR == 1 || NR % 70 == 2' data/penguins.csv > $(VENV)/.predict_sample.csv
+	@$(VENV)/bin/loopline serve --config $(CONFIG) & server=$$!; \
+	  trap 'kill $$server 2>/dev/null; wait $$server 2>/dev/null' EXIT; \
+	  $(VENV)/bin/loopline predict --config $(CONFIG) --wait 120 $(VENV)/.predict_sample.csv
 
 serve: setup
 	$(VENV)/bin/loopline serve --config $(CONFIG)

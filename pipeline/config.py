@@ -83,8 +83,8 @@ class LooplineConfig(_Section):
 
 
 # Keys holding paths, resolved against the config file's folder.
-_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"),
-              ("data", "schema"), ("data", "eval_path"))
+_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"), ("data", "schema"),
+              ("data", "eval_path"), ("serving", "tls_cert"), ("serving", "tls_key"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

@@ -12,6 +12,7 @@ from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
+from serving.config_writer import write_serving_configs
 
 
 @dataclass
@@ -98,4 +99,8 @@ def run_local(config: LooplineConfig) -> RunSummary:
     check_data(config)
     os.makedirs(config.pipeline.root, exist_ok=True)
     LocalDagRunner().run(create_pipeline(config))
-    return summarize_last_run(config)
+    summary = summarize_last_run(config)
+    if summary.version:
+        # TF Serving's models.config, batching.config and monitoring.config beside the pushed model.
+        write_serving_configs(os.path.join(config.pipeline.root, "serving"), config.serving)
+    return summary

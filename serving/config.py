@@ -1,13 +1,44 @@
 """The serving configuration: the `serving:` section of loopline.yaml."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class ServingConfig(BaseModel):
+class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+
+class BatchingConfig(_Section):
+    """Server-side batching of concurrent requests (TF Serving's batching.config)."""
+
+    enabled: bool = True
+    max_batch_size: int = Field(32, ge=1)
+    batch_timeout_micros: int = Field(1000, ge=0)
+    num_batch_threads: int = Field(2, ge=1)
+    max_enqueued_batches: int = Field(100, ge=1)
+
+
+class ServingConfig(_Section):
     model_name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     host: str = "127.0.0.1"
     grpc_port: int = Field(8500, ge=0, le=65535)
     rest_port: int = Field(8501, ge=0, le=65535)
+    # Versions kept loaded: the newest N (TF Serving's `latest` policy) unless labels pin others.
+    num_versions: int = Field(1, ge=1)
+    # How often the server looks for new versions and models.config changes.
+    poll_seconds: float = Field(2.0, gt=0)
+    # Largest request (gRPC message or REST body) accepted; larger ones get RESOURCE_EXHAUSTED.
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # Replay assets.extra/tf_serving_warmup_requests before routing to a new version.
+    warmup: bool = True
+    # gRPC TLS: both paths set turns it on.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    grpc_workers: int = Field(32, ge=1)
+    batching: BatchingConfig = BatchingConfig()
+
+    @model_validator(mode="after")
+    def _tls_pair(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("serving.tls_cert and serving.tls_key must be set together")
+        return self

@@ -1,0 +1,237 @@
+"""Serving benchmark: the embedded server over gRPC vs `mlflow models serve` (REST) vs an
+in-process SavedModel call (the floor), on the same model, batch 1, at 1 and 16 concurrent
+clients. Figures come from one run, side by side; the clients share the machine with the servers.
+
+    python -m bench --only serving
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SECONDS = float(os.environ.get("LOOPLINE_BENCH_SERVING_SECONDS", "6"))
+CONCURRENCY = (1, 16)
+ROW = {"bill_length_mm": 40.0, "flipper_length_mm": 190.0, "island": "Dream"}
+
+
+def export_model(path: Path) -> Path:
+    import keras
+
+    from trainer.export import export_saved_model
+    from trainer.features import FeatureStats
+    from trainer.heads import CLASSIFICATION, Head
+    from trainer.model import ModelContext, build_tabular_model
+
+    keras.utils.set_random_seed(0)
+    kinds = {"bill_length_mm": "float32", "flipper_length_mm": "float32", "island": "string"}
+    stats = FeatureStats(numbers={"bill_length_mm": (44.0, 5.0), "flipper_length_mm": (200.0, 14.0)},
+                         strings={"island": ["Biscoe", "Dream", "Torgersen"]})
+    heads = [Head("species", CLASSIFICATION, vocabulary=["Adelie", "Chinstrap", "Gentoo"])]
+    model = build_tabular_model(ModelContext(kinds, stats, heads))
+    export_saved_model(model, kinds, heads, str(path))
+    return path
+
+
+def measure(call, concurrency: int, seconds: float = SECONDS) -> dict:
+    """Runs `call` in `concurrency` threads for `seconds` (after a short warm-up)."""
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0]
+    start_at = time.perf_counter() + 1.0
+    stop_at = start_at + seconds
+
+    def worker(out):
+        call()
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at:
+                return
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - counted, not fatal
+                errors[0] += 1
+                continue
+            t1 = time.perf_counter()
+            if t0 >= start_at:
+                out.append(t1 - t0)
+
+    threads = [threading.Thread(target=worker, args=(latencies[i],)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    all_ms = np.array([x for lat in latencies for x in lat]) * 1000
+    return {"p50_ms": round(float(np.percentile(all_ms, 50)), 3), "p99_ms": round(float(np.percentile(all_ms, 99)), 3),
+            "req_per_s": round(len(all_ms) / seconds, 1), "errors": errors[0]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up in {timeout}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def in_process(saved_model: Path) -> dict:
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(str(saved_model)).signatures["predict_raw"]
+    inputs = {"bill_length_mm": tf.constant([[ROW["bill_length_mm"]]]), "flipper_length_mm": tf.constant([[ROW["flipper_length_mm"]]]),
+              "island": tf.constant([[ROW["island"].encode()]])}
+
+    def call():
+        return {k: v.numpy() for k, v in fn(**inputs).items()}
+
+    return {f"c{c}": measure(call, c) for c in CONCURRENCY}
+
+
+def ours(serving_root: Path) -> dict:
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    grpc_port, rest_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--serving-root", str(serving_root),
+                             "--grpc-port", str(grpc_port), "--rest-port", str(rest_port)],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "penguins"
+        request.model_spec.signature_name = "predict_raw"
+        request.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["bill_length_mm"]]], tf.float32))
+        request.inputs["flipper_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["flipper_length_mm"]]], tf.float32))
+        request.inputs["island"].CopyFrom(tf.make_tensor_proto([[ROW["island"].encode()]]))
+        results = {}
+        for c in CONCURRENCY:
+            channels = [grpc.insecure_channel(f"127.0.0.1:{grpc_port}") for _ in range(c)]
+            stubs = [prediction_service_pb2_grpc.PredictionServiceStub(ch) for ch in channels]
+            local = threading.local()
+            counter = iter(range(c))
+            lock = threading.Lock()
+
+            def call():
+                if not hasattr(local, "stub"):
+                    with lock:
+                        local.stub = stubs[next(counter)]
+                return local.stub.Predict(request, timeout=10)
+
+            results[f"c{c}"] = measure(call, c)
+            for ch in channels:
+                ch.close()
+        return results
+    finally:
+        stop(proc)
+
+
+
+def mlflow_model(saved_model: Path, target: Path) -> Path:
+    import mlflow.pyfunc
+
+    class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
+        def load_context(self, context):
+            import tensorflow as tf
+
+            self._fn = tf.saved_model.load(context.artifacts["saved_model"]).signatures["predict_raw"]
+
+        def predict(self, context, model_input, params=None):
+            import tensorflow as tf
+
+            inputs = {
+                "bill_length_mm": tf.constant(model_input["bill_length_mm"].to_numpy(np.float32).reshape(-1, 1)),
+                "flipper_length_mm": tf.constant(model_input["flipper_length_mm"].to_numpy(np.float32).reshape(-1, 1)),
+                "island": tf.constant(model_input["island"].astype(str).to_numpy().reshape(-1, 1)),
+            }
+            return self._fn(**inputs)["scores"].numpy()
+
+    mlflow.pyfunc.save_model(str(target), python_model=SavedModelPyfunc(), artifacts={"saved_model": str(saved_model)})
+    return target
+
+
+def mlflow_serve(model_path: Path) -> dict:
+    import requests
+
+    port = free_port()
+    # mlflow starts `uvicorn` by name: put this interpreter's bin folder on PATH.
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", str(model_path), "-h", "127.0.0.1",
+                             "-p", str(port), "--env-manager", "local"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ping", proc, timeout=180)
+        body = {"dataframe_split": {"columns": list(ROW), "data": [list(ROW.values())]}}
+        url = f"http://127.0.0.1:{port}/invocations"
+        local = threading.local()
+
+        def call():
+            if not hasattr(local, "session"):
+                local.session = requests.Session()
+            response = local.session.post(url, json=body, timeout=10)
+            response.raise_for_status()
+            return response
+
+        return {f"c{c}": measure(call, c) for c in CONCURRENCY}
+    finally:
+        stop(proc)
+
+
+def run() -> dict:
+    from serving.config import ServingConfig
+    from serving.config_writer import write_serving_configs
+
+    work = Path(tempfile.mkdtemp(prefix="loopline-bench-serving-"))
+    try:
+        serving_root = work / "serving"
+        saved_model = export_model(serving_root / "penguins" / "1")
+        write_serving_configs(str(serving_root), ServingConfig())
+        results = {"in_process": in_process(saved_model), "loopline_grpc": ours(serving_root),
+                   "mlflow_rest": mlflow_serve(mlflow_model(saved_model, work / "mlflow_model"))}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
+    results["ratio_vs_mlflow_c1"] = round(results["loopline_grpc"]["c1"]["req_per_s"] / results["mlflow_rest"]["c1"]["req_per_s"], 2)
+    results["p50_overhead_ms_c1"] = round(results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
+    results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5"}
+    results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
+    for name in ("in_process", "loopline_grpc", "mlflow_rest"):
+        for c in CONCURRENCY:
+            r = results[name][f"c{c}"]
+            print(f"  {name:14s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
+    print(f"  ratio vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "
+          f"p50 overhead at 1 client: {results['p50_overhead_ms_c1']} ms")
+    return results

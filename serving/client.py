@@ -1,0 +1,160 @@
+"""A client for TF Serving's APIs (ours or the real server): reads rows from JSON or CSV, sends
+them to the `predict_raw` signature over gRPC or REST, and formats class names with scores and
+regression values. Missing numbers go as NaN and missing strings as "", as in training."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import grpc
+import numpy as np
+from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
+
+from serving.tensors import from_numpy, to_numpy
+
+RAW_SIGNATURE = "predict_raw"
+
+
+def read_rows(path: str) -> list[dict]:
+    """A JSON list of objects, JSON lines, or a CSV with a header row."""
+    text = Path(path).read_text()
+    if path.endswith(".csv"):
+        return list(csv.DictReader(text.splitlines()))
+    stripped = text.lstrip()
+    try:
+        rows = json.loads(text) if stripped.startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON (a list of objects or one object per line): {exc}") from None
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: expected a non-empty list of objects (one per row)")
+    return rows
+
+
+def _number(value, name: str, row: int) -> float:
+    if value is None or value == "" or (isinstance(value, str) and value.upper() == "NA"):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"row {row}, column '{name}': {value!r} is not a number") from None
+
+
+def rows_to_columns(rows: list[dict], input_dtypes: dict[str, str]) -> dict[str, np.ndarray]:
+    """{input name: [n, 1] array} for inputs typed 'float' or 'string'."""
+    columns = {}
+    for name, dtype in input_dtypes.items():
+        if dtype == "string":
+            values = [("" if r.get(name) is None else str(r.get(name))).encode() for r in rows]
+            columns[name] = np.array(values, dtype=object).reshape(-1, 1)
+        else:
+            columns[name] = np.array([_number(r.get(name), name, i) for i, r in enumerate(rows)], np.float32).reshape(-1, 1)
+    return columns
+
+
+def describe(outputs: dict[str, np.ndarray]) -> list[str]:
+    """One line per row: `head=class (score)` for classifier heads, `head=value` for regressions."""
+    n = next(iter(outputs.values())).shape[0]
+    lines = []
+    for i in range(n):
+        parts = []
+        for key in sorted(outputs):
+            if key.endswith("classes"):
+                scores = outputs[key[: -len("classes")] + "scores"][i].reshape(-1)
+                classes = outputs[key][i].reshape(-1)
+                best = int(np.argmax(scores))
+                label = classes[best].decode() if isinstance(classes[best], bytes) else str(classes[best])
+                head = key[: -len("_classes")] or "class"
+                parts.append(f"{head}={label} ({scores[best]:.3f})")
+            elif not key.endswith("scores"):
+                parts.append(f"{key}={float(outputs[key][i].reshape(-1)[0]):.4g}")
+        lines.append(f"row {i}: " + "  ".join(parts))
+    return lines
+
+
+class GrpcClient:
+    def __init__(self, target: str, timeout: float = 30.0, root_certificate: bytes | None = None):
+        self.channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificate))
+                        if root_certificate else grpc.insecure_channel(target))
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.timeout = timeout
+
+    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        request.model_spec.name = model
+        response = self.stub.GetModelMetadata(request, timeout=self.timeout)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signatures)
+        if signature not in signatures.signature_def:
+            raise ValueError(f"model {model!r} has no signature {signature!r} (has {sorted(signatures.signature_def)})")
+        from tensorflow.core.framework import types_pb2
+
+        return {k: ("string" if v.dtype == types_pb2.DT_STRING else "float")
+                for k, v in signatures.signature_def[signature].inputs.items()}
+
+    def predict(self, model: str, columns: dict[str, np.ndarray], signature: str) -> dict[str, np.ndarray]:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model
+        request.model_spec.signature_name = signature
+        for name, array in columns.items():
+            from_numpy(array, request.inputs[name])
+        response = self.stub.Predict(request, timeout=self.timeout)
+        return {k: to_numpy(v, k, 1 << 30) for k, v in response.outputs.items()}
+
+    def close(self):
+        self.channel.close()
+
+
+class RestClient:
+    def __init__(self, base_url: str, timeout: float = 30.0):
+        import requests
+
+        self.session, self.base, self.timeout = requests.Session(), base_url.rstrip("/"), timeout
+
+    def _check(self, response):
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.json().get('error', response.text)}")
+        return response.json()
+
+    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+        meta = self._check(self.session.get(f"{self.base}/v1/models/{model}/metadata", timeout=self.timeout))
+        sigs = meta["metadata"]["signature_def"]["signature_def"]
+        if signature not in sigs:
+            raise ValueError(f"model {model!r} has no signature {signature!r} (has {sorted(sigs)})")
+        return {k: ("string" if v["dtype"] == "DT_STRING" else "float") for k, v in sigs[signature]["inputs"].items()}
+
+    def predict(self, model: str, columns: dict[str, np.ndarray], signature: str) -> dict[str, np.ndarray]:
+        # Python's json writes NaN (a missing number) as `NaN`, which TF Serving's REST API reads.
+        inputs = {k: [[v.decode() if isinstance(v, bytes) else v for v in row] for row in a.tolist()] for k, a in columns.items()}
+        body = json.dumps({"signature_name": signature, "inputs": inputs})
+        out = self._check(self.session.post(f"{self.base}/v1/models/{model}:predict", data=body, timeout=self.timeout))
+        outputs = out["outputs"]
+        if not isinstance(outputs, dict):
+            outputs = {"outputs": outputs}
+        return {k: np.array([[x.encode() if isinstance(x, str) else x for x in row] for row in v], dtype=object)
+                if v and isinstance(v[0], list) and v[0] and isinstance(v[0][0], str) else np.array(v) for k, v in outputs.items()}
+
+    def close(self):
+        self.session.close()
+
+
+def predict_rows(rows: list[dict], model: str, client, signature: str = RAW_SIGNATURE) -> list[str]:
+    dtypes = client.input_dtypes(model, signature)
+    outputs = client.predict(model, rows_to_columns(rows, dtypes), signature)
+    return describe(outputs)
+
+
+def wait_until_serving(client, model: str, seconds: float, signature: str = RAW_SIGNATURE) -> None:
+    """Polls the model's metadata until it answers (a server still starting or loading)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.input_dtypes(model, signature)
+            return
+        except Exception:  # noqa: BLE001 - not up yet; the deadline bounds it
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -1,0 +1,36 @@
+"""The one error type of the serving core: a gRPC status code and a message saying what is wrong.
+Both front ends (gRPC, REST) turn it into their own status."""
+from __future__ import annotations
+
+import grpc
+
+# TF Serving's REST API maps canonical codes to these HTTP statuses.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+class ServingError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 500)
+
+
+def invalid(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.NOT_FOUND, message)

@@ -1,0 +1,254 @@
+"""Which versions are served: reads models.config, polls base paths, loads and warms new versions
+before routing to them, unloads old ones after their in-flight requests, resolves requests'
+model specs (version or label) to a loaded version."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.config import ServingConfig
+from serving.errors import ServingError, invalid, not_found
+from serving.model_config import available_versions, read_model_server_config, safe_base_path
+from serving.servable import Servable, load_servable
+
+log = logging.getLogger("loopline.serving")
+
+
+@dataclass
+class ModelState:
+    entry: model_server_config_pb2.ModelConfig
+    loaded: dict[int, Servable] = field(default_factory=dict)
+    # version -> (folder fingerprint, reason): a broken version is retried only once its files change
+    failed: dict[int, tuple[tuple, str]] = field(default_factory=dict)
+
+
+def folder_fingerprint(path: str) -> tuple:
+    newest, count = 0.0, 0
+    for folder, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.stat(os.path.join(folder, f))
+            except OSError:
+                continue
+            newest, count = max(newest, st.st_mtime), count + st.st_size
+    return newest, count
+
+
+def wanted_versions(entry: model_server_config_pb2.ModelConfig, available: list[int]) -> list[int]:
+    policy = entry.model_version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        wanted = set(available)
+    elif which == "specific":
+        wanted = set(policy.specific.versions) & set(available)
+    else:
+        n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
+        wanted = set(available[-n:])
+    # Labels only resolve to loaded versions, so labelled ones are kept loaded.
+    wanted |= set(entry.version_labels.values()) & set(available)
+    return sorted(wanted)
+
+
+class ModelManager:
+    def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
+        self.serving_root = os.path.realpath(serving_root)
+        self.config = config
+        self.models_config = models_config or os.path.join(serving_root, "models.config")
+        self._lock = threading.Lock()  # guards _models' structure; loading happens outside it
+        self._reconcile_lock = threading.Lock()
+        self._models: dict[str, ModelState] = {}
+        self._config_stamp = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.max_elements = max(1, config.max_request_bytes)  # no element is smaller than a byte
+
+    # -- configuration -------------------------------------------------------------------------
+    def _checked_entries(self, server_config) -> dict[str, model_server_config_pb2.ModelConfig]:
+        entries = {}
+        for entry in server_config.model_config_list.config:
+            try:
+                base = safe_base_path(self.serving_root, entry.name)
+                if os.path.realpath(entry.base_path or base) != base:
+                    raise ValueError(f"base_path {entry.base_path!r} is not inside the serving root as <root>/{entry.name}")
+            except ValueError as exc:
+                log.error("models.config: refusing model %r: %s", entry.name, exc)
+                continue
+            if entry.model_platform not in ("", "tensorflow"):
+                log.error("models.config: refusing model %r: platform %r is not 'tensorflow'", entry.name, entry.model_platform)
+                continue
+            clean = model_server_config_pb2.ModelConfig()
+            clean.CopyFrom(entry)
+            clean.base_path = base
+            entries[entry.name] = clean
+        return entries
+
+    def apply_config(self, server_config: model_server_config_pb2.ModelServerConfig) -> None:
+        """Switches to a new ModelServerConfig (from the file or HandleReloadConfigRequest)."""
+        if server_config.WhichOneof("config") != "model_config_list":
+            raise invalid("only model_config_list configs are supported")
+        entries = self._checked_entries(server_config)
+        names = [e.name for e in server_config.model_config_list.config]
+        if len(entries) != len(names):
+            raise invalid("models.config has models outside the serving root or on another platform; see the server log")
+        with self._lock:
+            for name, entry in entries.items():
+                state = self._models.get(name)
+                if state is None:
+                    self._models[name] = ModelState(entry)
+                else:
+                    state.entry = entry
+            removed = [n for n in self._models if n not in entries]
+        for name in removed:
+            self._drop_model(name)
+        self.reconcile()
+
+    def _read_config_file(self, force: bool = False) -> None:
+        try:
+            st = os.stat(self.models_config)
+        except FileNotFoundError:
+            if self._config_stamp is None:
+                log.warning("no %s yet; serving nothing until it appears", self.models_config)
+                self._config_stamp = ()
+            return
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._config_stamp and not force:
+            return
+        self._config_stamp = stamp
+        try:
+            server_config = read_model_server_config(self.models_config)
+            self.apply_config(server_config)
+            log.info("models.config: serving %s", [m.name for m in server_config.model_config_list.config])
+        except (ValueError, ServingError) as exc:
+            log.error("models.config not applied: %s", getattr(exc, "message", exc))
+            self.reconcile()
+
+    # -- versions ------------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        with self._reconcile_lock:
+            with self._lock:
+                states = list(self._models.items())
+            for name, state in states:
+                self._reconcile_model(name, state)
+
+    def _reconcile_model(self, name: str, state: ModelState) -> None:
+        base = state.entry.base_path
+        available = []
+        for v in available_versions(base):
+            failure = state.failed.get(v)
+            if failure and failure[0] == folder_fingerprint(os.path.join(base, str(v))):
+                continue  # still the same broken files
+            available.append(v)
+        wanted = wanted_versions(state.entry, available)
+        for version in wanted:
+            if version in state.loaded:
+                continue
+            path = os.path.join(base, str(version))
+            fingerprint = folder_fingerprint(path)
+            try:
+                servable = load_servable(name, version, path, self.config.batching, self.max_elements, self.config.warmup)
+            except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                state.failed[version] = (fingerprint, reason)
+                log.error("model %s version %d refused, previous versions keep serving: %s", name, version, reason)
+                continue
+            state.failed.pop(version, None)
+            with self._lock:
+                state.loaded[version] = servable
+            log.info("model %s version %d loaded and serving", name, version)
+        loaded_wanted = [v for v in wanted if v in state.loaded]
+        if not loaded_wanted:
+            return  # availability first: never unload the last working version for a broken one
+        for version in [v for v in state.loaded if v not in wanted]:
+            with self._lock:
+                old = state.loaded.pop(version)
+            self._retire(old)
+
+    def _retire(self, servable: Servable) -> None:
+        def wait_and_unload():
+            if not servable.wait_idle(timeout=60):
+                log.warning("model %s version %d: requests still in flight after 60s; unloading", servable.name, servable.version)
+            servable.unload()
+            log.info("model %s version %d unloaded", servable.name, servable.version)
+
+        threading.Thread(target=wait_and_unload, daemon=True).start()
+
+    def _drop_model(self, name: str) -> None:
+        with self._lock:
+            state = self._models.pop(name, None)
+        if state:
+            for servable in state.loaded.values():
+                self._retire(servable)
+
+    # -- polling -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._read_config_file(force=True)
+        self._thread = threading.Thread(target=self._poll, name="version-poller", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.config.poll_seconds):
+            try:
+                before = self._config_stamp
+                self._read_config_file()
+                if self._config_stamp == before:
+                    self.reconcile()
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                log.exception("version poll failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- requests ------------------------------------------------------------------------------
+    def resolve(self, spec) -> Servable:
+        """The loaded version a ModelSpec asks for, counted in flight: use it as `with resolve(spec) as s:`."""
+        name = spec.name
+        with self._lock:
+            state = self._models.get(name)
+            if state is None:
+                raise not_found(f"Servable not found for request: model {name!r} is not served "
+                                f"(served: {sorted(self._models)})")
+            which = spec.WhichOneof("version_choice")
+            if which == "version":
+                version = spec.version.value
+                servable = state.loaded.get(version)
+                if servable is None:
+                    raise not_found(f"Servable not found for request: Specific({name}, {version}); "
+                                    f"loaded versions are {sorted(state.loaded)}")
+            elif which == "version_label":
+                label = spec.version_label
+                if label not in state.entry.version_labels:
+                    raise not_found(f"Unrecognized servable version label: {label!r} for model {name!r} "
+                                    f"(labels: {dict(state.entry.version_labels)})")
+                version = state.entry.version_labels[label]
+                servable = state.loaded.get(version)
+                if servable is None:
+                    raise not_found(f"label {label!r} of model {name!r} points at version {version}, which is not loaded")
+            else:
+                if not state.loaded:
+                    raise not_found(f"Servable not found for request: Latest({name}); no version is loaded")
+                servable = state.loaded[max(state.loaded)]
+            servable.acquire()  # counted in flight before the lock is released
+        return servable
+
+    def status(self, name: str, version: int | None = None) -> list[tuple[int, str, str]]:
+        """[(version, state, error message)], TF Serving's ModelVersionStatus in plain values."""
+        with self._lock:
+            state = self._models.get(name)
+            if state is None:
+                raise not_found(f"Could not find any versions of model {name!r}")
+            rows = [(v, "AVAILABLE", "") for v in state.loaded]
+            rows += [(v, "END", reason) for v, (_, reason) in state.failed.items() if v not in state.loaded]
+        if version is not None:
+            rows = [r for r in rows if r[0] == version]
+            if not rows:
+                raise not_found(f"Could not find version {version} of model {name!r}")
+        return sorted(rows)
+
+    def labels(self, name: str) -> dict[str, int]:
+        with self._lock:
+            state = self._models.get(name)
+            return dict(state.entry.version_labels) if state else {}

@@ -1,0 +1,54 @@
+"""Request counters and latency histograms in Prometheus' text format (served on the REST port)."""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import defaultdict
+
+BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests = defaultdict(int)  # (api, model, method, code) -> count
+        self._buckets = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1))  # (api, model, method) -> counts
+        self._sums = defaultdict(float)
+
+    def observe(self, api: str, model: str, method: str, code: str, seconds: float) -> None:
+        key = (api, model, method)
+        index = bisect.bisect_left(BUCKETS_S, seconds)
+        with self._lock:
+            self._requests[(*key, code)] += 1
+            self._buckets[key][index] += 1
+            self._sums[key] += seconds
+
+    def render(self) -> str:
+        out = ["# HELP loopline_requests_total Requests by API, model, method and status code.",
+               "# TYPE loopline_requests_total counter"]
+        with self._lock:
+            for (api, model, method, code), n in sorted(self._requests.items()):
+                out.append(f'loopline_requests_total{{api="{api}",model="{_q(model)}",method="{method}",code="{code}"}} {n}')
+            out += ["# HELP loopline_request_errors_total Requests that did not end OK.",
+                    "# TYPE loopline_request_errors_total counter"]
+            errors = defaultdict(int)
+            for (api, model, method, code), n in self._requests.items():
+                if code != "OK":
+                    errors[(api, model, method)] += n
+            for (api, model, method), n in sorted(errors.items()):
+                out.append(f'loopline_request_errors_total{{api="{api}",model="{_q(model)}",method="{method}"}} {n}')
+            out += ["# HELP loopline_request_latency_seconds Request latency.",
+                    "# TYPE loopline_request_latency_seconds histogram"]
+            for (api, model, method), counts in sorted(self._buckets.items()):
+                labels = f'api="{api}",model="{_q(model)}",method="{method}"'
+                total = 0
+                for bound, n in zip((*BUCKETS_S, "+Inf"), counts):
+                    total += n
+                    out.append(f'loopline_request_latency_seconds_bucket{{{labels},le="{bound}"}} {total}')
+                out.append(f"loopline_request_latency_seconds_sum{{{labels}}} {self._sums[(api, model, method)]:.6f}")
+                out.append(f"loopline_request_latency_seconds_count{{{labels}}} {total}")
+        return "\n".join(out) + "\n"
+
+
+def _q(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")[:200]

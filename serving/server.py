@@ -1,0 +1,55 @@
+"""The embedded model server: one process serving TF Serving's gRPC and REST APIs from a serving
+root holding models.config and `<model>/<version>/` SavedModels."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from serving.config import ServingConfig
+from serving.grpc_server import start_grpc
+from serving.manager import ModelManager
+from serving.metrics import Metrics
+from serving.rest import start_rest
+
+log = logging.getLogger("loopline.serving")
+
+
+class ModelServer:
+    def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
+        self.config = config
+        self.manager = ModelManager(serving_root, config, models_config)
+        self.metrics = Metrics()
+        self.grpc_port = self.rest_port = None
+        self._grpc = self._rest = None
+
+    def start(self) -> "ModelServer":
+        self.manager.start()  # loads and warms what models.config names before accepting requests
+        self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
+        self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config)
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.manager.stop()
+        if self._rest:
+            self._rest.shutdown()
+        if self._grpc:
+            self._grpc.stop(grace).wait(grace)
+
+
+def serve_forever(serving_root: str, config: ServingConfig, models_config: str | None = None) -> int:
+    """Runs until SIGINT/SIGTERM; prints one line with the bound ports once it is serving."""
+    if not os.path.isdir(serving_root):
+        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
+    server = ModelServer(serving_root, config, models_config).start()
+    scheme = "grpcs" if config.tls_cert else "grpc"
+    print(f"loopline serving {serving_root}: {scheme}://{config.host}:{server.grpc_port} "
+          f"http://{config.host}:{server.rest_port}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("stopping: finishing in-flight requests")
+    server.stop()
+    return 0

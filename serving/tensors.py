@@ -1,0 +1,86 @@
+"""TensorProto <-> NumPy without going through TensorFlow: `tensor_content` is read and written
+as raw bytes (one copy), and every size is checked before anything is allocated, so a proto
+claiming a huge shape is refused instead of exhausting memory."""
+from __future__ import annotations
+
+import numpy as np
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+from serving.errors import invalid
+
+# dtype enum -> (numpy dtype, the repeated *_val field holding values when tensor_content is empty)
+_DTYPES = {
+    types_pb2.DT_FLOAT: (np.float32, "float_val"),
+    types_pb2.DT_DOUBLE: (np.float64, "double_val"),
+    types_pb2.DT_INT32: (np.int32, "int_val"),
+    types_pb2.DT_INT16: (np.int16, "int_val"),
+    types_pb2.DT_INT8: (np.int8, "int_val"),
+    types_pb2.DT_UINT8: (np.uint8, "int_val"),
+    types_pb2.DT_INT64: (np.int64, "int64_val"),
+    types_pb2.DT_BOOL: (np.bool_, "bool_val"),
+    types_pb2.DT_HALF: (np.float16, "half_val"),
+}
+_NUMPY_TO_DT = {np.dtype(v[0]): k for k, v in _DTYPES.items()}
+
+
+def dtype_name(dtype_enum: int) -> str:
+    try:
+        return types_pb2.DataType.Name(dtype_enum)[3:].lower()
+    except ValueError:
+        return f"dtype#{dtype_enum}"
+
+
+def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.ndarray:
+    """The array a TensorProto describes; INVALID_ARGUMENT naming `name` when it is malformed."""
+    if proto.tensor_shape.unknown_rank:
+        raise invalid(f"input '{name}': tensor_shape has unknown rank")
+    shape = [d.size for d in proto.tensor_shape.dim]
+    if any(s < 0 for s in shape):
+        raise invalid(f"input '{name}': negative dimension in shape {shape}")
+    count = 1
+    for s in shape:
+        count *= s
+        if count > max_elements:
+            raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
+    if proto.dtype == types_pb2.DT_STRING:
+        values = proto.string_val
+        if len(values) == count:
+            return np.array(values, dtype=object).reshape(shape)
+        if len(values) == 1:
+            return np.full(shape, values[0], dtype=object)
+        raise invalid(f"input '{name}': shape {shape} needs {count} strings, got {len(values)}")
+    if proto.dtype not in _DTYPES:
+        raise invalid(f"input '{name}': unsupported dtype {dtype_name(proto.dtype)}")
+    np_dtype, field = _DTYPES[proto.dtype]
+    if proto.tensor_content:
+        itemsize = np.dtype(np_dtype).itemsize
+        if len(proto.tensor_content) != count * itemsize:
+            raise invalid(f"input '{name}': tensor_content has {len(proto.tensor_content)} bytes; "
+                          f"shape {shape} of {dtype_name(proto.dtype)} needs {count * itemsize}")
+        return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape)
+    values = getattr(proto, field)
+    if field == "half_val":  # float16 bit patterns stored in int32s
+        array = np.array(values, dtype=np.uint16).view(np.float16)
+    else:
+        array = np.array(values, dtype=np_dtype)
+    if array.size == count:
+        return array.reshape(shape)
+    if array.size == 1:
+        return np.full(shape, array[0], dtype=np_dtype)
+    raise invalid(f"input '{name}': shape {shape} needs {count} values, got {array.size}")
+
+
+def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None) -> tensor_pb2.TensorProto:
+    proto = out if out is not None else tensor_pb2.TensorProto()
+    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape]))
+    if array.dtype == object or array.dtype.kind in "SU":
+        proto.dtype = types_pb2.DT_STRING
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
+        return proto
+    dtype = _NUMPY_TO_DT.get(array.dtype)
+    if dtype is None:
+        raise invalid(f"cannot encode an output of numpy dtype {array.dtype}")
+    proto.dtype = dtype
+    proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    return proto

@@ -1,0 +1,118 @@
+"""Helpers for the serving tests: tiny exported SavedModels and a real server process."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import REPO, subprocess_env
+
+KINDS = {"bill_length_mm": "float32", "flipper_length_mm": "int64", "island": "string"}
+SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
+
+
+def export_model(path: Path, kind: str = "classification", seed: int = 0) -> Path:
+    """Exports a small untrained tabular model through the trainer's own export path."""
+    import keras
+
+    from trainer.export import export_saved_model
+    from trainer.features import FeatureStats
+    from trainer.heads import CLASSIFICATION, REGRESSION, Head
+    from trainer.model import ModelContext, build_tabular_model
+
+    keras.utils.set_random_seed(seed)
+    stats = FeatureStats(numbers={"bill_length_mm": (44.0, 5.0), "flipper_length_mm": (200.0, 14.0)},
+                         strings={"island": ["Biscoe", "Dream", "Torgersen"]})
+    heads = ([Head("species", CLASSIFICATION, vocabulary=SPECIES), Head("body_mass_g", REGRESSION, mean=4200, std=800)]
+             if kind == "classification" else [Head("body_mass_g", REGRESSION, mean=4200, std=800)])
+    model = build_tabular_model(ModelContext(KINDS, stats, heads), hidden_units=(8,))
+    export_saved_model(model, KINDS, heads, str(path))
+    return path
+
+
+def example(bill: float = 40.0, flipper: int = 190, island: str = "Dream"):
+    from tensorflow.core.example import example_pb2
+
+    e = example_pb2.Example()
+    e.features.feature["bill_length_mm"].float_list.value.append(bill)
+    e.features.feature["flipper_length_mm"].int64_list.value.append(flipper)
+    e.features.feature["island"].bytes_list.value.append(island.encode())
+    return e
+
+
+def add_version(base: Path, source: Path, version: int) -> Path:
+    """Copies a SavedModel in as a new version, renamed into place in one step (as a pusher should)."""
+    staging = base / f".staging-{version}"
+    shutil.copytree(source, staging)
+    os.replace(staging, base / str(version))
+    return base / str(version)
+
+
+class ServerProcess:
+    """`loopline serve` in a child process on free ports; always stopped by `stop()`."""
+
+    def __init__(self, workspace: Path, *overrides: str, grpc_port: int = 0, rest_port: int = 0, timeout: float = 90.0):
+        self.log_path = workspace / f"server-{time.time_ns()}.log"
+        args = [sys.executable, "-m", "pipeline.cli", "serve", "--config", str(REPO / "loopline.yaml"),
+                "--set", f"pipeline.root={workspace}", "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
+                "--set", "serving.poll_seconds=0.3", *[a for o in overrides for a in ("--set", o)]]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=subprocess_env(), cwd=REPO)
+        self.grpc_port = self.rest_port = None
+        line = self._read_line(timeout)
+        if "loopline serving" not in line:
+            self.stop()
+            raise RuntimeError(f"server did not start: {line!r}\n{self.log()}")
+        grpc_part, http_part = line.split()[-2:]
+        self.grpc_port = int(grpc_part.rsplit(":", 1)[1])
+        self.rest_port = int(http_part.rsplit(":", 1)[1])
+
+    def _read_line(self, timeout: float) -> str:
+        result = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return result[0] if result else ""
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

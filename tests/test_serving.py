@@ -1,0 +1,384 @@
+"""A real `loopline serve` process on 127.0.0.1, driven by the stock tensorflow_serving.apis stubs
+and over REST: status, metadata, Predict/Classify/Regress/MultiInference, error codes, labels,
+a hot swap under 16 clients, a corrupt version, a fuzz of malformed requests, `loopline predict`."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.config import ServingConfig
+from serving.config_writer import write_serving_configs
+from serving.model_config import set_version_labels, write_model_server_config
+from tests.conftest import REPO, subprocess_env
+from tests.serving_helpers import ServerProcess, add_version, example, export_model, wait_for
+
+MODELS = ("penguins", "mass", "swap", "guarded")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("exports")
+    return {
+        "a": export_model(base / "a", seed=0),
+        "b": export_model(base / "b", seed=1),
+        "mass": export_model(base / "mass", "regression"),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, exported):
+    workspace = tmp_path_factory.mktemp("workspace")
+    root = workspace / "serving"
+    for name in MODELS:
+        add_version(root / name, exported["mass" if name == "mass" else "a"], 1)
+        write_serving_configs(str(root), ServingConfig(model_name=name))
+    server = ServerProcess(workspace)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(server.grpc_target)
+    yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def model_stub(server):
+    channel = grpc.insecure_channel(server.grpc_target)
+    yield model_service_pb2_grpc.ModelServiceStub(channel)
+    channel.close()
+
+
+def raw_request(model="penguins", bill=40.0, island=b"Dream", **spec):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = "predict_raw"
+    for key, value in spec.items():
+        if key == "version":
+            request.model_spec.version.value = value
+        else:
+            setattr(request.model_spec, key, value)
+    request.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[bill]], None if isinstance(bill, str) else tf.float32))
+    request.inputs["flipper_length_mm"].CopyFrom(tf.make_tensor_proto([[190.0]], tf.float32))
+    request.inputs["island"].CopyFrom(tf.make_tensor_proto([[island]]))
+    return request
+
+
+def scores(response) -> np.ndarray:
+    return tf.make_ndarray(response.outputs["scores"])
+
+
+def in_process(path, signature, **inputs):
+    loaded = tf.saved_model.load(str(path))
+    return {k: v.numpy() for k, v in loaded.signatures[signature](**inputs).items()}
+
+
+def rpc_code(call, *args) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=10)
+    return info.value.code(), info.value.details()
+
+
+def test_status_and_metadata(stub, model_stub):
+    status = model_stub.GetModelStatus(
+        get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "penguins"}), timeout=10)
+    assert [(s.version, s.state) for s in status.model_version_status] == [(1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+
+    request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec={"name": "penguins"}, metadata_field=["signature_def"])
+    response = stub.GetModelMetadata(request, timeout=10)
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    response.metadata["signature_def"].Unpack(signatures)
+    assert set(signatures.signature_def) >= {"serving_default", "predict_raw"}
+    assert set(signatures.signature_def["predict_raw"].inputs) == {"bill_length_mm", "flipper_length_mm", "island"}
+    assert set(signatures.signature_def["serving_default"].outputs) == {"classes", "scores", "body_mass_g"}
+
+
+def test_predict_matches_the_saved_model(stub, exported):
+    served = stub.Predict(raw_request(), timeout=10)
+    expected = in_process(exported["a"], "predict_raw", bill_length_mm=tf.constant([[40.0]]),
+                          flipper_length_mm=tf.constant([[190.0]]), island=tf.constant([[b"Dream"]]))
+    np.testing.assert_allclose(scores(served), expected["scores"], rtol=1e-6)
+    assert served.model_spec.version.value == 1
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "penguins"
+    request.inputs["inputs"].CopyFrom(tf.make_tensor_proto([example().SerializeToString(), example(50, 220, "Biscoe").SerializeToString()]))
+    request.output_filter.append("scores")
+    served = stub.Predict(request, timeout=10)
+    assert list(served.outputs) == ["scores"]
+    expected = in_process(exported["a"], "serving_default", inputs=tf.constant([example().SerializeToString(),
+                                                                                  example(50, 220, "Biscoe").SerializeToString()]))
+    np.testing.assert_allclose(scores(served), expected["scores"], rtol=1e-6)
+
+
+def test_classify_regress_multi_inference(stub, exported):
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = "penguins"
+    request.input.example_list.examples.extend([example(), example(50, 220, "Biscoe")])
+    result = stub.Classify(request, timeout=10).result
+    expected = in_process(exported["a"], "serving_default", inputs=tf.constant([example().SerializeToString(),
+                                                                                  example(50, 220, "Biscoe").SerializeToString()]))
+    assert [c.label for c in result.classifications[0].classes] == ["Adelie", "Chinstrap", "Gentoo"]
+    np.testing.assert_allclose([[c.score for c in item.classes] for item in result.classifications], expected["scores"], rtol=1e-6)
+
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name = "mass"
+    context = regress.input.example_list_with_context
+    context.context.features.feature["island"].bytes_list.value.append(b"Dream")
+    one = example()
+    del one.features.feature["island"]
+    context.examples.append(one)
+    values = [r.value for r in stub.Regress(regress, timeout=10).result.regressions]
+    expected = in_process(exported["mass"], "serving_default", inputs=tf.constant([example().SerializeToString()]))
+    np.testing.assert_allclose(values, expected["outputs"].reshape(-1), rtol=1e-5)
+
+    multi = inference_pb2.MultiInferenceRequest()
+    multi.input.example_list.examples.append(example())
+    multi.tasks.add(model_spec={"name": "mass"}, method_name="tensorflow/serving/regress")
+    response = stub.MultiInference(multi, timeout=10)
+    assert response.results[0].regression_result.regressions[0].value == pytest.approx(values[0], rel=1e-5)
+
+    regress.model_spec.name = "penguins"  # a classifier has no `outputs`
+    code, details = rpc_code(stub.Regress, regress)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a regressor" in details
+
+
+def test_errors_have_tf_serving_codes(stub, server):
+    not_found = grpc.StatusCode.NOT_FOUND
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(stub.Predict, raw_request(model="nope"))[0] == not_found
+    assert rpc_code(stub.Predict, raw_request(version=9))[0] == not_found
+    assert rpc_code(stub.Predict, raw_request(version_label="nope"))[0] == not_found
+
+    code, details = rpc_code(stub.Predict, raw_request(bill="forty"))
+    assert code == invalid and "bill_length_mm" in details and "expects dtype float" in details
+    request = raw_request()
+    del request.inputs["island"]
+    code, details = rpc_code(stub.Predict, request)
+    assert code == invalid and "missing ['island']" in details
+    request = raw_request()
+    request.inputs["island"].CopyFrom(tf.make_tensor_proto([b"Dream"]))
+    code, details = rpc_code(stub.Predict, request)
+    assert code == invalid and "expects shape [-1, 1], got [1]" in details
+    code, details = rpc_code(stub.Predict, raw_request(signature_name="nope"))
+    assert code == invalid and "nope" in details
+
+    big = raw_request()
+    big.inputs["island"].CopyFrom(tf.make_tensor_proto([[b"x" * (17 * 1024 * 1024)]]))
+    assert rpc_code(stub.Predict, big)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    # Garbage bytes instead of a PredictRequest.
+    channel = grpc.insecure_channel(server.grpc_target)
+    raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\xff\x00garbage\x12\x99", timeout=10)
+    assert info.value.code() in (grpc.StatusCode.INTERNAL, invalid)
+    channel.close()
+    assert stub.Predict(raw_request(), timeout=10).outputs["scores"]  # still serving
+
+
+def test_fuzzed_requests_get_a_status_and_the_server_survives(stub, server):
+    rng = random.Random(7)
+    dtypes = [types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_INT64, types_pb2.DT_STRING, types_pb2.DT_INT32,
+              types_pb2.DT_BOOL, types_pb2.DT_HALF, types_pb2.DT_COMPLEX64, 999]
+    codes = set()
+    for i in range(150):
+        request = raw_request()
+        name = rng.choice(["bill_length_mm", "flipper_length_mm", "island", "inputs", "x"])
+        tensor = tensor_pb2.TensorProto(dtype=rng.choice(dtypes))
+        for _ in range(rng.randint(0, 4)):
+            tensor.tensor_shape.dim.add(size=rng.choice([0, 1, 2, -1, 3, 10**9, 2**40]))
+        if rng.random() < 0.5:
+            tensor.tensor_content = rng.randbytes(rng.randint(0, 64))
+        else:
+            tensor.float_val.extend(rng.random() for _ in range(rng.randint(0, 5)))
+            tensor.string_val.extend(rng.randbytes(3) for _ in range(rng.randint(0, 3)))
+        request.inputs[name].CopyFrom(tensor)
+        if rng.random() < 0.2:
+            request.model_spec.signature_name = rng.choice(["", "serving_default"])
+        try:
+            response = stub.Predict(request, timeout=10)
+            assert "scores" in response.outputs
+            codes.add("OK")
+        except grpc.RpcError as exc:
+            assert exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), (i, exc.details())
+            assert exc.details()
+            codes.add(exc.code().name)
+    assert "INVALID_ARGUMENT" in codes
+    assert server.proc.poll() is None
+    np.testing.assert_allclose(scores(stub.Predict(raw_request(), timeout=10)).sum(), 1.0, rtol=1e-5)
+
+
+def test_rest_matches_grpc(stub, server):
+    grpc_scores = scores(stub.Predict(raw_request(), timeout=10))
+    url = f"{server.rest_url}/v1/models/penguins"
+    row = requests.post(f"{url}:predict", timeout=10, json={
+        "signature_name": "predict_raw",
+        "instances": [{"bill_length_mm": [40.0], "flipper_length_mm": [190.0], "island": ["Dream"]}]}).json()
+    np.testing.assert_allclose(row["predictions"][0]["scores"], grpc_scores[0], rtol=1e-6)
+    assert row["predictions"][0]["classes"] == ["Adelie", "Chinstrap", "Gentoo"]
+    columnar = requests.post(f"{url}/versions/1:predict", timeout=10, json={
+        "signature_name": "predict_raw",
+        "inputs": {"bill_length_mm": [[40.0]], "flipper_length_mm": [[190.0]], "island": [["Dream"]]}}).json()
+    np.testing.assert_allclose(columnar["outputs"]["scores"], grpc_scores, rtol=1e-6)
+    classify = requests.post(f"{url}:classify", timeout=10, json={
+        "examples": [{"bill_length_mm": 40.0, "flipper_length_mm": 190, "island": "Dream"}]}).json()
+    np.testing.assert_allclose([score for _, score in classify["results"][0]], grpc_scores[0], rtol=1e-6)
+    regress = requests.post(f"{server.rest_url}/v1/models/mass:regress", timeout=10, json={
+        "examples": [{"bill_length_mm": 40.0, "flipper_length_mm": 190, "island": "Dream"}]}).json()
+    assert isinstance(regress["results"][0], float)
+
+    assert requests.get(url, timeout=10).json()["model_version_status"][0]["state"] == "AVAILABLE"
+    assert "predict_raw" in requests.get(f"{url}/metadata", timeout=10).json()["metadata"]["signature_def"]["signature_def"]
+    missing = requests.post(f"{server.rest_url}/v1/models/nope:predict", json={"instances": [1]}, timeout=10)
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]
+    bad = requests.post(f"{url}:predict", data="{not json", timeout=10)
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]
+    wrong = requests.post(f"{url}:predict", timeout=10, json={
+        "signature_name": "predict_raw", "inputs": {"bill_length_mm": [["x"]], "flipper_length_mm": [[1.0]], "island": [["a"]]}})
+    assert wrong.status_code == 400 and "bill_length_mm" in wrong.json()["error"]
+    huge = requests.post(f"{url}:predict", data=b"x" * (17 * 1024 * 1024), timeout=30)
+    assert huge.status_code == 413
+
+    metrics = requests.get(f"{server.rest_url}/monitoring/prometheus/metrics", timeout=10).text
+    assert 'loopline_requests_total{api="grpc",model="penguins",method="Predict",code="OK"}' in metrics
+    assert 'loopline_request_errors_total{api="rest",model="nope",method="predict"} 1' in metrics
+    assert "loopline_request_latency_seconds_bucket" in metrics
+
+
+def test_labels_follow_models_config(stub, server, exported):
+    root = server.log_path.parent / "serving"
+    add_version(root / "penguins", exported["b"], 2)
+    wait_for(lambda: stub.Predict(raw_request(), timeout=10).model_spec.version.value == 2, 60, "version 2 to serve")
+    set_version_labels(str(root / "models.config"), "penguins", {"stable": 1, "canary": 2})
+    wait_for(lambda: _label_version(stub, "stable") == 1, 30, "label stable -> 1")
+    assert _label_version(stub, "canary") == 2
+    assert not np.allclose(scores(stub.Predict(raw_request(version_label="stable"), timeout=10)),
+                           scores(stub.Predict(raw_request(version_label="canary"), timeout=10)))
+
+
+def _label_version(stub, label):
+    try:
+        return stub.Predict(raw_request(version_label=label), timeout=10).model_spec.version.value
+    except grpc.RpcError:
+        return None
+
+
+def test_hot_swap_under_16_clients_fails_no_request(stub, server, exported):
+    root = server.log_path.parent / "serving"
+    answers = {v: scores(stub.Predict(raw_request(model="swap"), timeout=10)) for v in (1,)}
+    stop = threading.Event()
+    results: list = []
+
+    def client():
+        channel = grpc.insecure_channel(server.grpc_target)
+        own = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        while not stop.is_set():
+            try:
+                response = own.Predict(raw_request(model="swap"), timeout=20)
+                results.append((response.model_spec.version.value, scores(response)))
+            except grpc.RpcError as exc:
+                results.append(("error", exc.code()))
+        channel.close()
+
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(results) > 50, 60, "traffic before the swap")
+        add_version(root / "swap", exported["b"], 2)
+        wait_for(lambda: any(r[0] == 2 for r in results[-20:]), 90, "version 2 to take traffic")
+        wait_for(lambda: "swap version 1 unloaded" in server.log(), 60, "version 1 to unload")
+        mark = len(results)
+        wait_for(lambda: len(results) > mark + 50, 60, "traffic after the swap")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    errors = [r for r in results if r[0] == "error"]
+    assert errors == []
+    assert "still in flight" not in server.log()
+    answers[2] = next(s for v, s in results if v == 2)
+    assert not np.allclose(answers[1], answers[2])
+    for version, got in results:  # every answer is exactly one version's answer
+        np.testing.assert_allclose(got, answers[version], rtol=1e-6)
+    assert results[-1][0] == 2
+
+
+def test_corrupt_version_is_refused_and_the_previous_keeps_serving(stub, model_stub, server, exported):
+    root = server.log_path.parent / "serving"
+    before = scores(stub.Predict(raw_request(model="guarded"), timeout=10))
+    staging = root / "guarded" / ".staging-5"
+    shutil.copytree(exported["b"], staging)
+    pb = staging / "saved_model.pb"
+    pb.write_bytes(pb.read_bytes()[: pb.stat().st_size // 3])
+    staging.rename(root / "guarded" / "5")
+    wait_for(lambda: "guarded version 5 refused" in server.log(), 60, "the corrupt version to be refused")
+    response = stub.Predict(raw_request(model="guarded"), timeout=10)
+    assert response.model_spec.version.value == 1
+    np.testing.assert_allclose(scores(response), before)
+    status = model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "guarded"}), timeout=10)
+    states = {s.version: (s.state, s.status.error_message) for s in status.model_version_status}
+    assert states[1][0] == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert states[5][0] == get_model_status_pb2.ModelVersionStatus.END and states[5][1]
+
+
+def test_reload_config_request(model_stub, stub, server):
+    root = server.log_path.parent / "serving"
+    config = model_server_config_pb2.ModelServerConfig()
+    entry = config.model_config_list.config.add(name="mass", base_path=str(root / "mass"), model_platform="tensorflow")
+    entry.model_version_policy.latest.num_versions = 1
+    escape = model_server_config_pb2.ModelServerConfig()
+    escape.CopyFrom(config)
+    escape.model_config_list.config.add(name="evil", base_path=str(root / ".." / ".."), model_platform="tensorflow")
+    code, details = rpc_code(model_stub.HandleReloadConfigRequest, model_management_pb2.ReloadConfigRequest(config=escape))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "serving root" in details
+    assert stub.Predict(raw_request(), timeout=10)  # nothing changed
+
+
+def test_loopline_predict_over_grpc_and_rest(server, tmp_path):
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([{"bill_length_mm": 40.0, "flipper_length_mm": 190, "island": "Dream"},
+                                {"bill_length_mm": None, "flipper_length_mm": 220, "island": "Biscoe", "species": "x"}]))
+    csv_rows = tmp_path / "rows.csv"
+    csv_rows.write_text("bill_length_mm,flipper_length_mm,island\n40.0,190,Dream\nNA,220,Biscoe\n")
+    outputs = []
+    for path, extra in ((rows, ["--port", str(server.grpc_port)]), (csv_rows, ["--rest", "--port", str(server.rest_port)])):
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(path), "--model", "penguins",
+                               "--config", str(REPO / "loopline.yaml"), *extra],
+                              capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip().splitlines())
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0].startswith("row 0: body_mass_g=") and "class=" in outputs[0][0]
+    bad = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(rows), "--model", "nope",
+                          "--port", str(server.grpc_port), "--config", str(REPO / "loopline.yaml")],
+                         capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
+    assert bad.returncode == 1 and "NOT_FOUND" in bad.stderr

@@ -1,0 +1,155 @@
+"""Breaking the server on purpose: SIGKILL under load then restart, TLS, loopback-only binding."""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from serving.config import ServingConfig
+from serving.config_writer import write_serving_configs
+from tests.serving_helpers import ServerProcess, add_version, export_model, wait_for
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    workspace = tmp_path_factory.mktemp("workspace")
+    source = export_model(workspace / "export")
+    add_version(workspace / "serving" / "penguins", source, 1)
+    write_serving_configs(str(workspace / "serving"), ServingConfig())
+    return workspace
+
+
+def request(bill: float = 40.0):
+    r = predict_pb2.PredictRequest()
+    r.model_spec.name = "penguins"
+    r.model_spec.signature_name = "predict_raw"
+    r.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[bill]], tf.float32))
+    r.inputs["flipper_length_mm"].CopyFrom(tf.make_tensor_proto([[190.0]], tf.float32))
+    r.inputs["island"].CopyFrom(tf.make_tensor_proto([[b"Dream"]]))
+    return r
+
+
+def folder_digest(path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on `port`, from /proc/net/tcp{,6}."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                raw = bytes.fromhex(address)
+                if len(raw) == 4:
+                    found.add(str(ipaddress.IPv4Address(raw[::-1])))
+                else:
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    v6 = ipaddress.IPv6Address(words)
+                    found.add(str(v6.ipv4_mapped or v6))  # ::ffff:127.0.0.1 is still loopback
+    return found
+
+
+def test_sigkill_under_load_then_restart(workspace):
+    model_folder = workspace / "serving" / "penguins"
+    before = folder_digest(model_folder)
+    server = ServerProcess(workspace)
+    ports = (server.grpc_port, server.rest_port)
+    expected = {}
+    results: list = []
+    stop = threading.Event()
+
+    def client(i):
+        channel = grpc.insecure_channel(server.grpc_target)
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        bill = 35.0 + i  # each client its own input, so a mixed-up answer would show
+        while not stop.is_set():
+            try:
+                response = stub.Predict(request(bill), timeout=5)
+                results.append((bill, tf.make_ndarray(response.outputs["scores"])))
+            except grpc.RpcError as exc:
+                results.append((bill, exc.code()))
+                time.sleep(0.05)
+        channel.close()
+
+    try:
+        for i in range(8):
+            channel = grpc.insecure_channel(server.grpc_target)
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            expected[35.0 + i] = tf.make_ndarray(stub.Predict(request(35.0 + i), timeout=10).outputs["scores"])
+            channel.close()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(results) > 40, 60, "traffic before the kill")
+        server.kill()
+        mark = len(results)
+        wait_for(lambda: sum(1 for r in results[mark:] if not isinstance(r[1], np.ndarray)) >= 8, 30, "clients to see the outage")
+        server = ServerProcess(workspace, grpc_port=ports[0], rest_port=ports[1])
+        mark = len(results)
+        wait_for(lambda: sum(1 for r in results[mark:] if isinstance(r[1], np.ndarray)) > 40, 90, "traffic after the restart")
+    finally:
+        stop.set()
+        for t in threads if "threads" in dir() else []:
+            t.join(30)
+        server.stop()
+    errors = {r[1] for r in results if not isinstance(r[1], np.ndarray)}
+    assert errors and errors <= {grpc.StatusCode.UNAVAILABLE}
+    for bill, scores in results:
+        if isinstance(scores, np.ndarray):
+            np.testing.assert_allclose(scores, expected[bill], rtol=1e-6)
+    assert folder_digest(model_folder) == before
+
+
+def _self_signed(folder):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "server.crt", folder / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_and_loopback_only(workspace, tmp_path):
+    cert, key = _self_signed(tmp_path)
+    server = ServerProcess(workspace, f"serving.tls_cert={cert}", f"serving.tls_key={key}")
+    try:
+        assert listening_addresses(server.grpc_port) == {"127.0.0.1"}
+        assert listening_addresses(server.rest_port) == {"127.0.0.1"}
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(server.grpc_target, credentials) as channel:
+            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request(), timeout=20)
+            assert tf.make_ndarray(response.outputs["scores"]).shape == (1, 3)
+        with grpc.insecure_channel(server.grpc_target) as channel:  # plaintext is refused
+            with pytest.raises(grpc.RpcError) as info:
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
