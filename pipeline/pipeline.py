@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
+from components.registrar import Registrar
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
 
@@ -28,6 +30,25 @@ def serving_base(config: LooplineConfig) -> str:
     return os.path.join(config.pipeline.root, "serving", config.serving.model_name)
 
 
+def tracking_target(config: LooplineConfig):
+    """Where MLflow runs go (tracking.target.TrackingTarget), or None when `mlflow.enabled` is off."""
+    from tracking.target import TrackingTarget, embedded_store
+
+    section = config.mlflow
+    if not section.enabled:
+        return None
+    uri, artifacts = (section.tracking_uri, None) if section.tracking_uri else embedded_store(config.pipeline.root)
+    return TrackingTarget(
+        tracking_uri=uri, experiment=section.experiment, artifact_location=artifacts,
+        flush_interval_s=section.flush_interval_s, close_timeout_s=section.close_timeout_s,
+        http_retries=section.http_retries, http_timeout_s=section.http_timeout_s,
+    )
+
+
+def registered_model_name(config: LooplineConfig) -> str:
+    return config.mlflow.registered_model or config.serving.model_name
+
+
 def _module_digest(path: str | None) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and os.path.isfile(path) else ""
 
@@ -41,11 +62,13 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
         input_base=data_dir,
         input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)]),
     )
+    target = tracking_target(config)
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
+        tracking=target.to_json() if target else "",
     )
     pusher = Pusher(
         model=trainer.outputs["model"],
@@ -53,10 +76,22 @@ def create_pipeline(config: LooplineConfig) -> tfx_pipeline.Pipeline:
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
     )
+    components = [example_gen, trainer, pusher]
+    if target:
+        components.append(Registrar(
+            model=trainer.outputs["model"],
+            model_run=trainer.outputs["model_run"],
+            pushed_model=pusher.outputs["pushed_model"],
+            examples=example_gen.outputs["examples"],
+            tracking=target.to_json(),
+            registered_model=registered_model_name(config),
+            params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
+            pipeline_name=config.pipeline.name,
+        ))
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, trainer, pusher],
+        components=components,
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path(config)),
     )

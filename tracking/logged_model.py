@@ -1,0 +1,82 @@
+"""Logs a loopline SavedModel as an MLflow pyfunc model (signature + input example) and registers
+it. MLflow 3 registers logged models only, not plain artifact folders."""
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.models import infer_signature
+
+PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
+SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
+
+
+def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
+    """A small DataFrame of the model's input features; numbers as float64, so clients may send
+    ints or floats. Prefers complete records."""
+    features = json.loads(Path(saved_model_dir, SIGNATURE_FILE).read_text())["features"]
+    complete = [r for r in records if all(r.get(name) is not None for name in features)]
+    chosen = (complete or records)[:rows]
+    if not chosen:
+        chosen = [{}]
+    data = {}
+    for name, kind in features.items():
+        values = [r.get(name) for r in chosen]
+        if kind == "string":
+            data[name] = ["" if v is None else str(v) for v in values]
+        else:
+            data[name] = [float("nan") if v is None else float(v) for v in values]
+    return pd.DataFrame(data)
+
+
+def _requirements() -> list[str]:
+    # Explicit pins: MLflow's inference would load the model in a subprocess (slow, imports TF).
+    out = []
+    for name in ("mlflow", "tensorflow", "pandas", "numpy"):
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_example: pd.DataFrame,
+                    name: str = "model") -> str:
+    """Logs the pyfunc model into the run; returns its model URI (`models:/<model id>`)."""
+    from tracking.pyfunc_model import SavedModelPyfunc
+
+    # The signature comes from a real prediction on the example.
+    wrapper = SavedModelPyfunc()
+    wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
+    signature = infer_signature(input_example, wrapper.predict(None, input_example))
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    try:
+        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+            info = mlflow.pyfunc.log_model(
+                name=name,
+                python_model=PYFUNC_CODE,
+                artifacts={"saved_model": saved_model_dir},
+                signature=signature,
+                input_example=input_example,
+                pip_requirements=_requirements(),
+            )
+    finally:
+        mlflow.set_tracking_uri(previous)
+    return info.model_uri
+
+
+def register(client, model_uri: str, registered_model: str, run_id: str, tags: dict[str, str]):
+    """Creates the registered model if needed and a new version from the logged model."""
+    try:
+        client.get_registered_model(registered_model)
+    except Exception:
+        client.create_registered_model(registered_model, description="Registered by loopline pipeline runs.")
+    model_id = model_uri.rsplit("/", 1)[-1]  # models:/<model id>, as mlflow.register_model does
+    return client.create_model_version(registered_model, model_uri, run_id=run_id, tags=tags, model_id=model_id)
