@@ -15,6 +15,7 @@ from tfx.proto import pusher_pb2
 from components.registrar import Registrar
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
+from pipeline.tracking_setup import registered_model_name, tracking_target
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -28,25 +29,6 @@ def metadata_path(config: LooplineConfig) -> str:
 def serving_base(config: LooplineConfig) -> str:
     """`<pipeline.root>/serving/<model name>`: TF Serving's base_path for the model."""
     return os.path.join(config.pipeline.root, "serving", config.serving.model_name)
-
-
-def tracking_target(config: LooplineConfig):
-    """Where MLflow runs go (tracking.target.TrackingTarget), or None when `mlflow.enabled` is off."""
-    from tracking.target import TrackingTarget, embedded_store
-
-    section = config.mlflow
-    if not section.enabled:
-        return None
-    uri, artifacts = (section.tracking_uri, None) if section.tracking_uri else embedded_store(config.pipeline.root)
-    return TrackingTarget(
-        tracking_uri=uri, experiment=section.experiment, artifact_location=artifacts,
-        flush_interval_s=section.flush_interval_s, close_timeout_s=section.close_timeout_s,
-        http_retries=section.http_retries, http_timeout_s=section.http_timeout_s,
-    )
-
-
-def registered_model_name(config: LooplineConfig) -> str:
-    return config.mlflow.registered_model or config.serving.model_name
 
 
 def _module_digest(path: str | None) -> str:

@@ -2,6 +2,7 @@
 it. MLflow 3 registers logged models only, not plain artifact folders."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from importlib import metadata
@@ -54,29 +55,38 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
     wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
     signature = infer_signature(input_example, wrapper.predict(None, input_example))
 
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    try:
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-            info = mlflow.pyfunc.log_model(
-                name=name,
-                python_model=PYFUNC_CODE,
-                artifacts={"saved_model": saved_model_dir},
-                signature=signature,
-                input_example=input_example,
-                pip_requirements=_requirements(),
-            )
-    finally:
-        mlflow.set_tracking_uri(previous)
+    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        info = mlflow.pyfunc.log_model(
+            name=name,
+            python_model=PYFUNC_CODE,
+            artifacts={"saved_model": saved_model_dir},
+            signature=signature,
+            input_example=input_example,
+            pip_requirements=_requirements(),
+        )
     return info.model_uri
 
 
-def register(client, model_uri: str, registered_model: str, run_id: str, tags: dict[str, str]):
+@contextlib.contextmanager
+def fluent_tracking_uri(uri: str):
+    """MLflow's fluent API (log_model, and the registry resolving `models:/` sources) reads a
+    process-wide URI; point it at ours for the duration only."""
+    previous_tracking, previous_registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous_tracking)
+        mlflow.set_registry_uri(previous_registry)
+
+
+def register(client, tracking_uri: str, model_uri: str, registered_model: str, run_id: str, tags: dict[str, str]):
     """Creates the registered model if needed and a new version from the logged model."""
     try:
         client.get_registered_model(registered_model)
     except Exception:
         client.create_registered_model(registered_model, description="Registered by loopline pipeline runs.")
     model_id = model_uri.rsplit("/", 1)[-1]  # models:/<model id>, as mlflow.register_model does
-    return client.create_model_version(registered_model, model_uri, run_id=run_id, tags=tags, model_id=model_id)
+    with fluent_tracking_uri(tracking_uri):
+        return client.create_model_version(registered_model, model_uri, run_id=run_id, tags=tags, model_id=model_id)

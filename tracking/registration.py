@@ -178,7 +178,7 @@ def register_pipeline_run(reg: Registration) -> RegistrationResult:
             for key, value in version_tags.items():
                 client.set_model_version_tag(reg.registered_model, version, key, value)
         else:
-            version = register(client, model_uri, reg.registered_model, run_id, version_tags).version
+            version = register(client, reg.target.tracking_uri, model_uri, reg.registered_model, run_id, version_tags).version
         log.info("MLflow: registered %s version %s (run %s)", reg.registered_model, version, run_id)
     client.set_terminated(run_id, "FINISHED")
     return RegistrationResult(run_id, model_uri, str(version) if version is not None else None, replayed)
