@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 import os
 from importlib import metadata
 from pathlib import Path
@@ -55,7 +56,9 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
     wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
     signature = infer_signature(input_example, wrapper.predict(None, input_example))
 
-    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
         info = mlflow.pyfunc.log_model(
             name=name,
             python_model=PYFUNC_CODE,
@@ -71,14 +74,24 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
 def fluent_tracking_uri(uri: str):
     """MLflow's fluent API (log_model, and the registry resolving `models:/` sources) reads a
     process-wide URI; point it at ours for the duration only."""
-    previous_tracking, previous_registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    # Restore the raw settings (not the resolved defaults), so nothing stays pinned afterwards.
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri,
+             {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")})
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous_tracking)
-        mlflow.set_registry_uri(previous_registry)
+        mlflow.set_tracking_uri(saved[0])
+        registry_utils._registry_uri = saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def register(client, tracking_uri: str, model_uri: str, registered_model: str, run_id: str, tags: dict[str, str]):
