@@ -32,7 +32,7 @@ def test_run_pushes_a_servable_model(pipeline_run):
     assert summary.pushed_path == os.path.join(config.pipeline.root, "serving", "penguins", summary.version)
     assert os.path.isfile(os.path.join(summary.pushed_path, "saved_model.pb"))
     assert summary.metrics["species_accuracy"] > 0.8
-    assert set(summary.executions) == {"CsvExampleGen", "Trainer", "Pusher"}
+    assert set(summary.executions) == {"CsvExampleGen", "Trainer", "Pusher", "Registrar"}
 
     loaded = tf.saved_model.load(summary.pushed_path)
     serve = loaded.signatures["serving_default"]
@@ -65,6 +65,6 @@ def test_second_run_reuses_cached_components(pipeline_run):
     config, first = pipeline_run
     second = run_local(config)
     # ML Metadata records each execution of the new run as CACHED: nothing re-ran.
-    assert second.executions == {"CsvExampleGen": "CACHED", "Trainer": "CACHED", "Pusher": "CACHED"}
+    assert second.executions == {"CsvExampleGen": "CACHED", "Trainer": "CACHED", "Pusher": "CACHED", "Registrar": "CACHED"}
     assert second.version == first.version
     assert os.path.isfile(os.path.join(second.pushed_path, "saved_model.pb"))
