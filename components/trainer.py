@@ -26,9 +26,11 @@ def Trainer(
     module_sha256: Parameter[str] = "",
     export_config: Parameter[str] = "{}",
     schema: InputArtifact[Schema] = None,
+    tracking: Parameter[str] = "",
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
-    edits to the user's module file; `export_config` is the `export:` section as JSON."""
+    edits to the user's module file; `export_config` is the `export:` section as JSON;
+    `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow)."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
     from trainer.export import export_model
@@ -43,14 +45,28 @@ def Trainer(
         from validation.schema import load_schema
 
         kinds = kinds_from_schema(load_schema(schema.uri))
-    result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label, kinds=kinds,
-                   work_dir=model_run.uri)
-    # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
-    export_model(result.model, result.kinds, result.heads, result.metrics, path_utils.serving_model_path(model.uri),
-                 model.uri, split_pattern(examples, "train"), split_pattern(examples, "eval"),
-                 ExportConfig.model_validate_json(export_config))
+    from tracking.training_run import TAG_MODEL_URI, start_training_run
+
+    run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
+    try:
+        result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label,
+                       metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri)
+        # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
+        export_model(result.model, result.kinds, result.heads, result.metrics,
+                     path_utils.serving_model_path(model.uri), model.uri,
+                     split_pattern(examples, "train"), split_pattern(examples, "eval"),
+                     ExportConfig.model_validate_json(export_config))
+    except BaseException:
+        if run:
+            run.finish({}, failed=True)
+        raise
     metrics = {**result.metrics, "steps": result.steps}
     with open(os.path.join(model_run.uri, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     for key, value in metrics.items():
         model.set_float_custom_property(f"eval_{key}", float(value))
+    if run:
+        report = run.finish({"trainer": model_run.uri})
+        # The Registrar continues this MLflow run (and replays undelivered metrics) from here.
+        model.set_string_custom_property("mlflow_run_id", report.run_id or "")
+        model.set_int_custom_property("mlflow_undelivered_metrics", report.undelivered)

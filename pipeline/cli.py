@@ -126,6 +126,64 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _registry(config):
+    from pipeline.tracking_setup import tracking_target
+    from tracking.target import make_client
+
+    target = tracking_target(config)
+    if target is None:
+        raise ConfigError("mlflow.enabled is false: there is no model registry to use")
+    return make_client(target)
+
+
+def cmd_promote(args) -> int:
+    from pipeline.tracking_setup import registered_model_name
+    from serving.model_config import ModelConfigError, model_config_path
+    from tracking.promotion import PromotionError, follow_in_serving, move_alias
+
+    config = _config(args)
+    model = args.model or registered_model_name(config)
+    if not args.rollback and args.version is None:
+        raise ConfigError("promote: give --version N, or --rollback")
+    client = _registry(config)
+    try:
+        promotion = move_alias(client, model, args.alias, args.version, rollback=args.rollback)
+    except PromotionError as exc:
+        print(f"loopline: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(promotion.lines()))
+    label = config.mlflow.alias_labels.get(args.alias)
+    if label is None:
+        print(f"(alias '{args.alias}' has no entry in mlflow.alias_labels; TF Serving labels unchanged)")
+        return 0
+    models_config = model_config_path(os.path.join(config.pipeline.root, "serving"))
+    try:
+        follow_in_serving(client, promotion, models_config, config.serving.model_name, label)
+    except (PromotionError, ModelConfigError) as exc:
+        print(f"loopline: error: {exc}", file=sys.stderr)
+        return 1
+    print(promotion.lines()[-1])
+    return 0
+
+
+def cmd_models(args) -> int:
+    from pipeline.tracking_setup import registered_model_name
+    from tracking.promotion import format_table, list_versions
+
+    config = _config(args)
+    model = args.model or registered_model_name(config)
+    try:
+        rows = list_versions(_registry(config), model)
+    except Exception as exc:
+        if type(exc).__name__ != "MlflowException":
+            raise
+        print(f"loopline: error: registered model {model!r}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"{model} ({len(rows)} versions)")
+    print(format_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
     predict.set_defaults(func=cmd_predict)
+    promote = sub.add_parser("promote", help="move an MLflow alias to a model version; TF Serving's label follows")
+    _common(promote)
+    promote.add_argument("--model", default=None, help="registered model (default: mlflow.registered_model or serving.model_name)")
+    promote.add_argument("--version", default=None, help="the model version to promote")
+    promote.add_argument("--alias", default="champion", help="the alias to move (default: champion)")
+    promote.add_argument("--rollback", action="store_true", help="move the alias back to its previous holder")
+    promote.set_defaults(func=cmd_promote)
+    models = sub.add_parser("models", help="list registered versions, aliases and key metrics")
+    _common(models)
+    models.add_argument("--model", default=None, help="registered model (default: mlflow.registered_model or serving.model_name)")
+    models.set_defaults(func=cmd_models)
     return parser
 
 

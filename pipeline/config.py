@@ -50,8 +50,18 @@ class DataSection(_Section):
 
 
 class MlflowSection(_Section):
+    enabled: bool = True
+    # None: an embedded store, SQLite + local artifacts in <pipeline.root>/mlflow.
     tracking_uri: str | None = None
     experiment: str = "loopline"
+    # None: registered under serving.model_name.
+    registered_model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # `loopline promote --alias A` points TF Serving's version label alias_labels[A] at the version.
+    alias_labels: dict[str, str] = {"champion": "stable", "challenger": "canary"}
+    flush_interval_s: float = Field(2.0, ge=0, description="Seconds between metric batches sent.")
+    close_timeout_s: float = Field(30.0, ge=0, description="How long the end of training waits for unsent metrics.")
+    http_retries: int = Field(2, ge=0, description="Retries per MLflow HTTP request (MLflow's own default waits minutes).")
+    http_timeout_s: float = Field(20.0, gt=0)
 
 
 class LooplineConfig(_Section):

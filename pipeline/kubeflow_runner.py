@@ -25,6 +25,21 @@ IMAGE_PREFIX = "/opt/loopline/"
 SHARED_MLFLOW_SCHEMES = ("http://", "https://", "databricks", "postgresql", "mysql", "mssql")
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def paths_in_image(config: LooplineConfig) -> LooplineConfig:
+    """A module file from this repository's examples/ is at IMAGE_PREFIX in the image: point the
+    compiled spec there (the content, and so the cache key, is the same)."""
+    module = config.trainer.module_file
+    examples = REPO / "examples"
+    if module is None or "://" in module or not Path(module).resolve().is_relative_to(examples):
+        return config
+    config = config.model_copy(deep=True)
+    config.trainer.module_file = IMAGE_PREFIX + str(Path(module).resolve().relative_to(REPO))
+    return config
+
+
 @dataclass
 class CompiledSpec:
     path: str
@@ -86,6 +101,7 @@ def compile_kubeflow(
     output = Path(output)
     if output.suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"--output: {output} must end in .json (Vertex PipelineJob) or .yaml (KFP PipelineSpec)")
+    config = paths_in_image(config)
     warnings = check_paths_for_pods(config, allow_local_paths)
     # Imported after the checks: a refused config costs no TensorFlow import.
     from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as kfv2

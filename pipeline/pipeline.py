@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
 from components.schema_gen import SchemaGen
 from components.statistics_gen import StatisticsGen
+from components.registrar import Registrar
 from components.trainer import Trainer
 from pipeline.config import LooplineConfig
+from pipeline.tracking_setup import registered_model_name, tracking_target
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -64,6 +67,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         validation_config=config.validation.model_dump_json(),
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
+    target = tracking_target(config)
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
@@ -71,6 +75,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         label=config.data.label,
         module_sha256=_module_digest(config.trainer.module_file),
         export_config=config.export.model_dump_json(),
+        tracking=target.to_json() if target else "",
     )
     # The champion is the last pushed version until the registry names one.
     evaluator = Evaluator(
@@ -87,10 +92,25 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
     )
+    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher]
+    if target:
+        components.append(Registrar(
+            model=trainer.outputs["model"],
+            model_run=trainer.outputs["model_run"],
+            blessing=evaluator.outputs["blessing"],
+            pushed_model=pusher.outputs["pushed_model"],
+            examples=example_gen.outputs["examples"],
+            statistics=statistics_gen.outputs["statistics"],
+            schema=schema_gen.outputs["schema"],
+            tracking=target.to_json(),
+            registered_model=registered_model_name(config),
+            params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
+            pipeline_name=config.pipeline.name,
+        ))
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=tfx_root(config),
-        components=[example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher],
+        components=components,
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None

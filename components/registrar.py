@@ -1,0 +1,125 @@
+"""The pipeline's Registrar: hands the trained (and, when an Evaluator is in the pipeline, blessed)
+model to tracking.registration, which logs it to MLflow and registers it.
+
+A class-based component because its executor needs the pipeline run id and its own ML Metadata
+execution id (the function-component API does not expose them).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from tfx import types
+from tfx.dsl.components.base import base_component, base_executor, executor_spec
+from tfx.types import artifact_utils, standard_artifacts
+from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
+from tfx.utils import path_utils
+
+
+class RegistrarSpec(ComponentSpec):
+    PARAMETERS = {
+        "tracking": ExecutionParameter(type=str),  # tracking.target.TrackingTarget as JSON
+        "registered_model": ExecutionParameter(type=str),
+        "params": ExecutionParameter(type=str),  # the resolved config, flat, as JSON
+        "pipeline_name": ExecutionParameter(type=str),
+    }
+    INPUTS = {
+        "model": ChannelParameter(type=standard_artifacts.Model),
+        "model_run": ChannelParameter(type=standard_artifacts.ModelRun, optional=True),
+        "blessing": ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
+        "pushed_model": ChannelParameter(type=standard_artifacts.PushedModel, optional=True),
+        "examples": ChannelParameter(type=standard_artifacts.Examples, optional=True),
+        "statistics": ChannelParameter(type=standard_artifacts.ExampleStatistics, optional=True),
+        "schema": ChannelParameter(type=standard_artifacts.Schema, optional=True),
+    }
+    OUTPUTS = {}
+
+
+def _one(input_dict, key):
+    found = input_dict.get(key) or []
+    return found[0] if found else None
+
+
+def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict]:
+    """A few rows of the split as {feature: value} (None when missing), for the input example."""
+    import tensorflow as tf
+
+    pattern = os.path.join(artifact_utils.get_split_uri([examples], split), "*")
+    files = tf.io.gfile.glob(pattern)
+    records = []
+    for raw in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit).as_numpy_iterator():
+        row = {}
+        for name, feature in tf.train.Example.FromString(raw).features.feature.items():
+            kind = feature.WhichOneof("kind")
+            values = list(getattr(feature, kind).value) if kind else []
+            if not values:
+                row[name] = None
+            elif kind == "bytes_list":
+                row[name] = values[0].decode("utf-8", "replace")
+            else:
+                row[name] = values[0]
+        records.append(row)
+    return records
+
+
+class RegistrarExecutor(base_executor.BaseExecutor):
+    def Do(self, input_dict: dict[str, list[types.Artifact]], output_dict: dict[str, list[types.Artifact]],
+           exec_properties: dict[str, Any]) -> None:
+        from tracking.registration import Registration, register_pipeline_run
+        from tracking.system_info import current_commit
+        from tracking.target import TrackingTarget
+
+        logging.getLogger("loopline").setLevel(logging.INFO)
+        model = _one(input_dict, "model")
+        model_run = _one(input_dict, "model_run")
+        blessing = _one(input_dict, "blessing")
+        pushed = _one(input_dict, "pushed_model")
+        examples = _one(input_dict, "examples")
+        props = model.mlmd_artifact.custom_properties
+        final = {k[len("eval_"):]: v.double_value for k, v in props.items() if k.startswith("eval_")}
+        pushed_version = None
+        if pushed is not None and pushed.mlmd_artifact.custom_properties["pushed"].int_value == 1:
+            pushed_version = pushed.mlmd_artifact.custom_properties["pushed_version"].string_value
+        data_dirs = {}
+        for key in ("statistics", "schema"):
+            artifact = _one(input_dict, key)
+            if artifact is not None:
+                data_dirs[f"data/{key}"] = artifact.uri
+        result = register_pipeline_run(Registration(
+            target=TrackingTarget.from_json(exec_properties["tracking"]),
+            registered_model=exec_properties["registered_model"],
+            pipeline_name=exec_properties["pipeline_name"],
+            pipeline_run_id=self._context.pipeline_run_id or "",
+            execution_id=str(self._context._unique_id or ""),
+            model_dir=model.uri,
+            saved_model_dir=path_utils.serving_model_path(model.uri),
+            model_run_dir=model_run.uri if model_run is not None else None,
+            trained_run_id=props["mlflow_run_id"].string_value if "mlflow_run_id" in props else None,
+            params=json.loads(exec_properties["params"]),
+            final_metrics=final,
+            blessed=bool(blessing.mlmd_artifact.custom_properties["blessed"].int_value) if blessing is not None else None,
+            serving_version=pushed_version,
+            git_commit=current_commit(),
+            input_records=_sample_records(examples) if examples is not None else [],
+            data_dirs=data_dirs,
+        ))
+        logging.getLogger("loopline").info(
+            "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)
+
+
+class Registrar(base_component.BaseComponent):
+    """Logs the model to MLflow and registers it (only blessed ones when `blessing` is given)."""
+
+    SPEC_CLASS = RegistrarSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(RegistrarExecutor)
+
+    def __init__(self, model, tracking: str, registered_model: str, params: str, pipeline_name: str,
+                 model_run=None, blessing=None, pushed_model=None,
+                 examples=None, statistics=None, schema=None):
+        super().__init__(RegistrarSpec(
+            model=model, model_run=model_run, blessing=blessing, pushed_model=pushed_model,
+            examples=examples, statistics=statistics, schema=schema, tracking=tracking,
+            registered_model=registered_model, params=params, pipeline_name=pipeline_name,
+        ))

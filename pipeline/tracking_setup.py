@@ -1,0 +1,24 @@
+"""The `mlflow:` section turned into what tracking/ needs (kept apart from pipeline.py so the
+registry commands do not import TFX)."""
+from __future__ import annotations
+
+from pipeline.config import LooplineConfig
+
+
+def tracking_target(config: LooplineConfig):
+    """Where MLflow runs go (tracking.target.TrackingTarget), or None when `mlflow.enabled` is off."""
+    from tracking.target import TrackingTarget, embedded_store
+
+    section = config.mlflow
+    if not section.enabled:
+        return None
+    uri, artifacts = (section.tracking_uri, None) if section.tracking_uri else embedded_store(config.pipeline.root)
+    return TrackingTarget(
+        tracking_uri=uri, experiment=section.experiment, artifact_location=artifacts,
+        flush_interval_s=section.flush_interval_s, close_timeout_s=section.close_timeout_s,
+        http_retries=section.http_retries, http_timeout_s=section.http_timeout_s,
+    )
+
+
+def registered_model_name(config: LooplineConfig) -> str:
+    return config.mlflow.registered_model or config.serving.model_name

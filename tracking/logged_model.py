@@ -1,0 +1,105 @@
+"""Logs a loopline SavedModel as an MLflow pyfunc model (signature + input example) and registers
+it. MLflow 3 registers logged models only, not plain artifact folders."""
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+import os
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.models import infer_signature
+
+PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
+SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
+
+
+def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
+    """A small DataFrame of the model's input features; numbers as float64, so clients may send
+    ints or floats. Prefers complete records."""
+    features = json.loads(Path(saved_model_dir, SIGNATURE_FILE).read_text())["features"]
+    complete = [r for r in records if all(r.get(name) is not None for name in features)]
+    chosen = (complete or records)[:rows]
+    if not chosen:
+        chosen = [{}]
+    data = {}
+    for name, kind in features.items():
+        values = [r.get(name) for r in chosen]
+        if kind == "string":
+            data[name] = ["" if v is None else str(v) for v in values]
+        else:
+            data[name] = [float("nan") if v is None else float(v) for v in values]
+    return pd.DataFrame(data)
+
+
+def _requirements() -> list[str]:
+    # Explicit pins: MLflow's inference would load the model in a subprocess (slow, imports TF).
+    out = []
+    for name in ("mlflow", "tensorflow", "pandas", "numpy"):
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_example: pd.DataFrame,
+                    name: str = "model") -> str:
+    """Logs the pyfunc model into the run; returns its model URI (`models:/<model id>`)."""
+    from tracking.pyfunc_model import SavedModelPyfunc
+
+    # The signature comes from a real prediction on the example.
+    wrapper = SavedModelPyfunc()
+    wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
+    signature = infer_signature(input_example, wrapper.predict(None, input_example))
+
+    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
+        info = mlflow.pyfunc.log_model(
+            name=name,
+            python_model=PYFUNC_CODE,
+            artifacts={"saved_model": saved_model_dir},
+            signature=signature,
+            input_example=input_example,
+            pip_requirements=_requirements(),
+        )
+    return info.model_uri
+
+
+@contextlib.contextmanager
+def fluent_tracking_uri(uri: str):
+    """MLflow's fluent API (log_model, and the registry resolving `models:/` sources) reads a
+    process-wide URI; point it at ours for the duration only."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    # Restore the raw settings (not the resolved defaults), so nothing stays pinned afterwards.
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri,
+             {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")})
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved[0])
+        registry_utils._registry_uri = saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def register(client, tracking_uri: str, model_uri: str, registered_model: str, run_id: str, tags: dict[str, str]):
+    """Creates the registered model if needed and a new version from the logged model."""
+    try:
+        client.get_registered_model(registered_model)
+    except Exception:
+        client.create_registered_model(registered_model, description="Registered by loopline pipeline runs.")
+    model_id = model_uri.rsplit("/", 1)[-1]  # models:/<model id>, as mlflow.register_model does
+    with fluent_tracking_uri(tracking_uri):
+        return client.create_model_version(registered_model, model_uri, run_id=run_id, tags=tags, model_id=model_id)

@@ -1,0 +1,184 @@
+"""The end of a pipeline run in MLflow: the run gets the resolved config as parameters, system
+info, the trainer's/exporter's/data files as artifacts, the model as a logged pyfunc model and,
+when blessed, a registered version tagged with where it came from.
+
+The run is found by the tag `loopline.pipeline_run_id` (components may run in separate pods), else
+the run the Trainer opened (its id is on the Model artifact) is continued, else one is created.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from tracking.logged_model import input_example_from_records, log_saved_model, register
+from tracking.metric_sink import UNDELIVERED_FILE, replay
+from tracking.system_info import system_tags
+from tracking.target import TrackingTarget, ensure_experiment, make_client
+from tracking.training_run import TAG_MODEL_URI, TAG_PIPELINE, TAG_PIPELINE_RUN_ID
+
+log = logging.getLogger("loopline.tracking")
+
+TAG_TRAINED_IN_RUN = "loopline.trained_in_run"
+TAG_REPLAYED = "loopline.replayed_undelivered_metrics"
+TAG_GIT_COMMIT = "loopline.git_commit"
+TAG_SERVING_VERSION = "loopline.serving_version"
+TAG_EXECUTION_ID = "loopline.mlmd_execution_id"
+TAG_TRAINER_EXECUTION_ID = "loopline.trainer_execution_id"
+EXPORT_SUFFIXES = (".tflite", ".json", ".md", ".txt", ".csv")
+
+
+@dataclass
+class Registration:
+    target: TrackingTarget
+    registered_model: str
+    pipeline_name: str
+    pipeline_run_id: str
+    execution_id: str
+    model_dir: str  # the Model artifact's folder
+    saved_model_dir: str
+    model_run_dir: str | None = None
+    trained_run_id: str | None = None  # the run the Trainer wrote metrics to
+    params: dict[str, str] = field(default_factory=dict)
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    blessed: bool | None = None  # None: no Evaluator in the pipeline, register
+    serving_version: str | None = None
+    git_commit: str | None = None
+    input_records: list[dict] = field(default_factory=list)
+    data_dirs: dict[str, str] = field(default_factory=dict)  # artifact path -> folder
+
+
+@dataclass
+class RegistrationResult:
+    run_id: str
+    model_uri: str
+    version: str | None
+    replayed_metrics: int
+
+
+def find_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
+    runs = client.search_runs([experiment_id], f"tags.`{TAG_PIPELINE_RUN_ID}` = '{pipeline_run_id}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def _usable_trained_run(client, run_id: str | None, pipeline_run_id: str) -> str | None:
+    """The Trainer's run, if it exists and is not claimed by another pipeline run (a cached
+    Trainer's run belongs to the pipeline run that trained)."""
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except Exception:
+        return None
+    owner = run.data.tags.get(TAG_PIPELINE_RUN_ID)
+    return run_id if owner in (None, pipeline_run_id) else None
+
+
+def registered_version_of(client, registered_model: str, model_dir: str) -> str | None:
+    try:
+        versions = client.search_model_versions(f"name = '{registered_model}'")
+    except Exception:
+        return None
+    for version in versions:
+        if version.tags.get(TAG_MODEL_URI) == model_dir:
+            return str(version.version)
+    return None
+
+
+def trainer_execution_id(model_dir: str) -> str | None:
+    # TFX output URIs are <pipeline root>/<node>/<output key>/<execution id>.
+    tail = os.path.basename(os.path.normpath(model_dir))
+    return tail if tail.isdigit() else None
+
+
+def _export_files(model_dir: str, saved_model_dir: str) -> list[tuple[str, str]]:
+    """(file, artifact folder) for exporter outputs beside the SavedModel: TFLite files, reports."""
+    found = []
+    for folder, dirs, files in os.walk(model_dir):
+        dirs[:] = [d for d in dirs if d not in ("variables", "assets", "assets.extra")]
+        for name in files:
+            if name.endswith(EXPORT_SUFFIXES):
+                rel = os.path.relpath(folder, model_dir)
+                found.append((os.path.join(folder, name), "export" if rel == "." else f"export/{rel}"))
+    return found
+
+
+def register_pipeline_run(reg: Registration) -> RegistrationResult:
+    client = make_client(reg.target)
+    experiment_id = ensure_experiment(client, reg.target)
+    trained = _usable_trained_run(client, reg.trained_run_id, reg.pipeline_run_id)
+    run_id = find_run(client, experiment_id, reg.pipeline_run_id) or trained
+    if run_id is None:
+        tags = {TAG_PIPELINE: reg.pipeline_name, TAG_MODEL_URI: reg.model_dir}
+        if reg.trained_run_id:
+            tags[TAG_TRAINED_IN_RUN] = reg.trained_run_id
+        run_id = client.create_run(experiment_id, tags=tags, run_name=reg.pipeline_name).info.run_id
+    run = client.get_run(run_id)
+
+    tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags()}
+    if reg.git_commit:
+        tags.update({TAG_GIT_COMMIT: reg.git_commit, "mlflow.source.git.commit": reg.git_commit})
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+    # Parameters are write-once in MLflow: skip the ones a retried execution already logged.
+    from mlflow.entities import Metric, Param
+
+    new_params = [Param(k, str(v)[:6000]) for k, v in reg.params.items() if k not in run.data.params]
+    for start in range(0, len(new_params), 100):
+        client.log_batch(run_id, params=new_params[start:start + 100])
+
+    # Metrics the Trainer could not deliver, into the run it trained in (or this one).
+    replayed = 0
+    spill = os.path.join(reg.model_run_dir, UNDELIVERED_FILE) if reg.model_run_dir else None
+    if spill and os.path.isfile(spill):
+        into = _usable_trained_run(client, reg.trained_run_id, reg.pipeline_run_id) or run_id
+        if client.get_run(into).data.tags.get(TAG_REPLAYED) != "true":
+            replayed = replay(client, into, spill)
+            client.set_tag(into, TAG_REPLAYED, "true")
+            log.info("MLflow: replayed %d metric values the Trainer could not deliver", replayed)
+
+    if reg.final_metrics:
+        import time
+
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()])
+
+    if reg.model_run_dir and os.path.isdir(reg.model_run_dir) and not client.list_artifacts(run_id, "trainer"):
+        client.log_artifacts(run_id, reg.model_run_dir, "trainer")
+    for path, artifact_path in _export_files(reg.model_dir, reg.saved_model_dir):
+        client.log_artifact(run_id, path, artifact_path)
+    for artifact_path, folder in reg.data_dirs.items():
+        if folder and os.path.isdir(folder):
+            client.log_artifacts(run_id, folder, artifact_path)
+
+    example = input_example_from_records(reg.saved_model_dir, reg.input_records)
+    model_uri = log_saved_model(reg.target.tracking_uri, run_id, reg.saved_model_dir, example)
+
+    version = None
+    if reg.blessed is False:
+        log.info("MLflow: model not blessed; logged in run %s, not registered", run_id)
+    else:
+        version_tags = {
+            TAG_PIPELINE_RUN_ID: reg.pipeline_run_id,
+            TAG_EXECUTION_ID: reg.execution_id,
+            TAG_MODEL_URI: reg.model_dir,
+        }
+        trainer_id = trainer_execution_id(reg.model_dir)
+        if trainer_id:
+            version_tags[TAG_TRAINER_EXECUTION_ID] = trainer_id
+        if reg.git_commit:
+            version_tags[TAG_GIT_COMMIT] = reg.git_commit
+        if reg.serving_version:
+            version_tags[TAG_SERVING_VERSION] = reg.serving_version
+        existing = registered_version_of(client, reg.registered_model, reg.model_dir)
+        if existing is not None:
+            # A re-executed Registrar (config change, retry) must not register the same model twice.
+            version = existing
+            for key, value in version_tags.items():
+                client.set_model_version_tag(reg.registered_model, version, key, value)
+        else:
+            version = register(client, reg.target.tracking_uri, model_uri, reg.registered_model, run_id, version_tags).version
+        log.info("MLflow: registered %s version %s (run %s)", reg.registered_model, version, run_id)
+    client.set_terminated(run_id, "FINISHED")
+    return RegistrationResult(run_id, model_uri, str(version) if version is not None else None, replayed)
