@@ -1,5 +1,8 @@
-"""The pipeline's Evaluator: evaluates the candidate and the champion (the last pushed model)
-on the eval split and writes the standard ModelBlessing artifact the Pusher checks.
+"""The pipeline's Evaluator: evaluates the candidate and the champion on the eval split and
+writes the standard ModelBlessing artifact the Pusher checks.
+
+The champion is the served version behind the champion's TF Serving label (`loopline promote
+--alias champion` moves the MLflow alias and that label together), else the last pushed version.
 
 Its folder holds `BLESSED` or `NOT_BLESSED` (TFX's convention), `blessing.json` with every
 check, and the model's export report completed with the blessing decision.
@@ -15,6 +18,8 @@ from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, Model, ModelBlessing
 from tfx.utils import path_utils
 
+from serving.model_config import labelled_or_latest_version
+
 
 @component
 def Evaluator(
@@ -22,10 +27,12 @@ def Evaluator(
     model: InputArtifact[Model],
     blessing: OutputArtifact[ModelBlessing],
     evaluator_config: Parameter[str],
-    champion_base: Parameter[str] = "",
+    serving_root: Parameter[str] = "",
+    model_name: Parameter[str] = "",
+    champion_label: Parameter[str] = "",
 ) -> None:
-    """`evaluator_config` is the `evaluator:` section as JSON; `champion_base` the TF Serving
-    base path whose highest version is the champion ("" for none)."""
+    """`evaluator_config` is the `evaluator:` section as JSON; the champion is looked up in
+    `serving_root` ("" for none) for `model_name`, by `champion_label` first."""
     from trainer.evaluation import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
     from trainer.export_config import EvaluatorConfig
@@ -34,7 +41,8 @@ def Evaluator(
     config = EvaluatorConfig.model_validate_json(evaluator_config)
     eval_pattern = os.path.join(artifact_utils.get_split_uri([examples], "eval"), "*")
     candidate = path_utils.serving_model_path(model.uri)
-    decision = evaluate_and_decide(candidate, eval_pattern, champion_base or None, config)
+    champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
+    decision = evaluate_and_decide(candidate, eval_pattern, champion, config)
     log.info("model %s", decision.summary())
 
     with open(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w"):

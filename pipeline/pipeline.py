@@ -77,12 +77,14 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         export_config=config.export.model_dump_json(),
         tracking=target.to_json() if target else "",
     )
-    # The champion is the last pushed version until the registry names one.
+    # The champion: the version behind the champion alias's TF Serving label, else the last pushed.
     evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
         evaluator_config=config.evaluator.model_dump_json(),
-        champion_base=serving_base(config),
+        serving_root=os.path.dirname(serving_base(config)),
+        model_name=config.serving.model_name,
+        champion_label=config.mlflow.alias_labels.get("champion", ""),
     )
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher = Pusher(

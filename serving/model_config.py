@@ -94,3 +94,19 @@ def set_version_labels(path: str, name: str, labels: dict[str, int]) -> model_se
     model.model_version_policy.specific.versions.extend(wanted)
     write_model_server_config(path, config)
     return config
+
+
+def labelled_or_latest_version(serving_root: str, name: str, label: str) -> str | None:
+    """The version folder `label` points at in models.config, else the highest one on disk
+    (None when nothing is pushed): the champion a new candidate is compared with."""
+    base = safe_base_path(serving_root, name)
+    versions = available_versions(base)
+    config_path = model_config_path(serving_root)
+    if label and os.path.isfile(config_path):
+        try:
+            labelled = find_model(read_model_server_config(config_path), name).version_labels.get(label)
+        except ModelConfigError:
+            labelled = None
+        if labelled in versions:
+            return os.path.join(base, str(labelled))
+    return os.path.join(base, str(versions[-1])) if versions else None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.evaluation import decide, latest_version, read_examples
+from trainer.evaluation import decide, read_examples
 from trainer.export_config import Bound, EvaluatorConfig
 from trainer.features import parse_examples
 from trainer.warmup import read_warmup
@@ -34,13 +34,26 @@ def test_thresholds_and_regression_rules():
     assert off.blessed
 
 
-def test_latest_version_picks_the_highest_number(tmp_path):
-    assert latest_version(str(tmp_path / "none")) is None
+def test_champion_is_the_labelled_version_else_the_latest(tmp_path):
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from serving.model_config import labelled_or_latest_version as champion_dir
+    from serving.model_config import model_config_path, set_version_labels, write_model_server_config
+
+    base = tmp_path / "m"
+    assert champion_dir(str(tmp_path), "m", "stable") is None
     for version in ("9", "10", "tmp", "11"):
-        (tmp_path / version).mkdir()
+        (base / version).mkdir(parents=True)
     for version in ("9", "10", "tmp"):
-        (tmp_path / version / "saved_model.pb").write_bytes(b"x")
-    assert latest_version(str(tmp_path)) == str(tmp_path / "10")  # 11 has no SavedModel yet
+        (base / version / "saved_model.pb").write_bytes(b"x")
+    assert champion_dir(str(tmp_path), "m", "stable") == str(base / "10")  # 11 has no SavedModel yet
+
+    config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.config.add(name="m", base_path=str(base), model_platform="tensorflow")
+    write_model_server_config(model_config_path(str(tmp_path)), config)
+    set_version_labels(model_config_path(str(tmp_path)), "m", {"stable": 9})
+    assert champion_dir(str(tmp_path), "m", "stable") == str(base / "9")  # promoted, though older
+    assert champion_dir(str(tmp_path), "m", "canary") == str(base / "10")
 
 
 @pytest.mark.slow

@@ -104,14 +104,6 @@ def evaluate_saved_model(saved_model_dir: str, eval_pattern: str, limit: int | N
     )
 
 
-def latest_version(base: str) -> str | None:
-    """The highest numeric version folder with a SavedModel under a TF Serving base path."""
-    if not os.path.isdir(base):
-        return None
-    versions = [int(d) for d in os.listdir(base) if d.isdigit() and os.path.isfile(os.path.join(base, d, "saved_model.pb"))]
-    return os.path.join(base, str(max(versions))) if versions else None
-
-
 def _is_loopline_export(saved_model_dir: str) -> bool:
     return (Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE).is_file()
 
@@ -176,10 +168,11 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
 
 
-def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_base: str | None, config: EvaluatorConfig) -> Blessing:
-    """Evaluates the candidate and the champion (latest version under `champion_base`)."""
+def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig) -> Blessing:
+    """Evaluates the candidate and the champion (a SavedModel folder, None when there is none)."""
     candidate = evaluate_saved_model(candidate_dir, eval_pattern, config.eval_examples)
-    champion_dir = latest_version(champion_base) if champion_base and config.compare_to_champion else None
+    if not config.compare_to_champion:
+        champion_dir = None
     champion, problem = None, None
     if champion_dir is not None:
         theirs = [h.name for h in read_signature(champion_dir)[1]] if _is_loopline_export(champion_dir) else None
