@@ -56,7 +56,7 @@ def test_dockerfile_installs_the_lock_like_make_setup():
     assert ".venv" in ignored and ".git" in ignored
 
 
-def test_tfjob_runs_loopline_train_on_two_workers_from_tf_config():
+def test_tfjob_runs_loopline_train_on_two_workers_from_tf_config(tmp_path):
     job = documents("tfjob-train.yaml")["TFJob"]
     assert job["apiVersion"] == "kubeflow.org/v1"
     replicas = job["spec"]["tfReplicaSpecs"]
@@ -79,6 +79,14 @@ def test_tfjob_runs_loopline_train_on_two_workers_from_tf_config():
     configmap = documents("loopline-config.yaml")["ConfigMap"]
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
     assert "loopline.yaml" in configmap["data"]
+    # The command's overrides are valid on the cluster config: multi_worker is a real strategy.
+    from pipeline.cli import build_parser
+    from pipeline.config import load_config
+
+    args = build_parser().parse_args(command[1:])
+    config_file = tmp_path / "loopline.yaml"
+    config_file.write_text(configmap["data"]["loopline.yaml"])
+    assert load_config(config_file, args.overrides).trainer.strategy == "multi_worker"
 
 
 def test_cluster_config_is_valid_and_reachable_from_pods(tmp_path):
@@ -95,27 +103,11 @@ def test_cluster_config_is_valid_and_reachable_from_pods(tmp_path):
     assert config.mlflow.tracking_uri.endswith(f":{service['spec']['ports'][0]['port']}")
 
 
-def monitoring_config_class():
-    """TF Serving's MonitoringConfig (tensorflow_serving/config/monitoring_config.proto), which the
-    tensorflow-serving-api wheel does not ship; built from the same field numbers."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    F = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(name="loopline_test_monitoring.proto", package="tensorflow.serving")
-    prometheus = file.message_type.add(name="PrometheusConfig")
-    prometheus.field.add(name="enable", number=1, type=F.TYPE_BOOL, label=F.LABEL_OPTIONAL)
-    prometheus.field.add(name="path", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    monitoring = file.message_type.add(name="MonitoringConfig")
-    monitoring.field.add(name="prometheus_config", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                         type_name=".tensorflow.serving.PrometheusConfig")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.MonitoringConfig"))
-
-
 def test_tf_serving_uses_the_real_image_ports_and_configs():
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
+
+    from serving.config_writer import MonitoringConfig  # the wheel lacks it; same field numbers
 
     docs = documents("tf-serving.yaml")
     files = docs["ConfigMap"]["data"]
@@ -123,7 +115,7 @@ def test_tf_serving_uses_the_real_image_ports_and_configs():
     (model,) = models.model_config_list.config
     assert model.name == "penguins" and model.model_platform == "tensorflow"
     assert model.base_path.endswith("/serving/penguins")  # where the Pusher writes (pipeline.serving_base)
-    monitoring = text_format.Parse(files["monitoring.config"], monitoring_config_class()())
+    monitoring = text_format.Parse(files["monitoring.config"], MonitoringConfig())
     assert monitoring.prometheus_config.enable
 
     pod = docs["Deployment"]["spec"]["template"]
