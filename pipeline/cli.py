@@ -243,10 +243,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DropMessages(logging.Filter):
+    """Drops library warnings that say nothing actionable to a loopline user."""
+
+    NOISE = ("ArtifactQuery.property_predicate is not supported",)  # TFX's resolver, every input
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.NOISE)
+
+
 def _quiet_libraries() -> None:
     """Our progress at INFO; TFX, Beam and TensorFlow only when they warn."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropMessages())
     logging.getLogger("loopline").setLevel(logging.INFO)
     try:
         from absl import logging as absl_logging

@@ -8,11 +8,16 @@ column per class. It calls the SavedModel's `predict_raw` signature.
 """
 import json
 import os
+import warnings
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 from mlflow.models import set_model
+
+# The input is a DataFrame validated against the logged signature; MLflow's type-hint inference
+# would only repeat that, but warns on every load without it.
+warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
 
 SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
 
