@@ -175,7 +175,9 @@ def cmd_models(args) -> int:
     try:
         rows = list_versions(_registry(config), model)
     except Exception as exc:
-        if type(exc).__name__ != "MlflowException":
+        from mlflow.exceptions import MlflowException
+
+        if not isinstance(exc, MlflowException):
             raise
         print(f"loopline: error: registered model {model!r}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -278,6 +280,12 @@ def _stop_message(exc: Exception) -> str | None:
         return f"loopline: {exc}"
     if isinstance(exc, ParityError):
         return f"loopline: export refused by the TFLite parity gate: {exc}"
+    if os.environ.get("LOOPLINE_TRACEBACK"):
+        return None
+    # Our own checks raise ValueError with a message naming what is wrong (a label of the wrong
+    # kind, jit_compile with string features...); OSError is e.g. a port already in use.
+    if isinstance(exc, (ValueError, OSError)):
+        return f"loopline: error: {exc} (LOOPLINE_TRACEBACK=1 shows where)"
     return None
 
 
@@ -289,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("loopline: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         message = _stop_message(exc)
         if message is None:

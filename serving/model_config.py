@@ -2,14 +2,16 @@
 and move version labels. Used by the pipeline (after a push), `loopline promote` and the server.
 
 Model names must be plain names and base paths must stay inside the serving root, so a config
-cannot point the server at files outside it.
+cannot point the server at files outside it. Roots may be local folders or URIs that
+tf.io.gfile reads (gs://, s3://...), as a pipeline run on a cluster pushes there.
 """
 from __future__ import annotations
 
 import os
 import re
-import tempfile
+import uuid
 
+import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -19,6 +21,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 class ModelConfigError(ValueError):
     """A models.config problem, naming the model and what is wrong."""
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
 
 
 def model_config_path(serving_root: str) -> str:
@@ -34,6 +40,8 @@ def check_model_name(name: str) -> str:
 def safe_base_path(serving_root: str, name: str) -> str:
     """`<serving_root>/<name>`, refusing anything that resolves outside the serving root."""
     check_model_name(name)
+    if is_remote(serving_root):  # no links in object stores; a plain name cannot climb out
+        return f"{serving_root.rstrip('/')}/{name}"
     root = os.path.realpath(serving_root)
     base = os.path.realpath(os.path.join(root, name))
     if os.path.dirname(base) != root:
@@ -43,11 +51,12 @@ def safe_base_path(serving_root: str, name: str) -> str:
 
 def available_versions(base_path: str) -> list[int]:
     """Numeric version folders holding a saved_model.pb, ascending."""
-    if not os.path.isdir(base_path):
+    if not tf.io.gfile.isdir(base_path):
         return []
     versions = []
-    for entry in os.listdir(base_path):
-        if entry.isdigit() and os.path.isfile(os.path.join(base_path, entry, "saved_model.pb")):
+    for entry in tf.io.gfile.listdir(base_path):
+        entry = entry.rstrip("/")  # object stores list folders with a trailing slash
+        if entry.isdigit() and tf.io.gfile.exists(os.path.join(base_path, entry, "saved_model.pb")):
             versions.append(int(entry))
     return sorted(versions)
 
@@ -55,7 +64,7 @@ def available_versions(base_path: str) -> list[int]:
 def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
     config = model_server_config_pb2.ModelServerConfig()
     try:
-        with open(path) as f:
+        with tf.io.gfile.GFile(path) as f:
             text_format.Parse(f.read(), config)
     except text_format.ParseError as exc:
         raise ModelConfigError(f"{path}: not a valid ModelServerConfig textproto: {exc}") from None
@@ -63,13 +72,14 @@ def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerCo
 
 
 def write_model_server_config(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
-    """Writes via a temporary file and rename, so a polling server never reads half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".models.config.")
-    with os.fdopen(fd, "w") as f:
+    """Writes a temporary file and renames it over `path`, so a polling server never reads half
+    a file (also on object stores, where the rename replaces the object whole)."""
+    folder = os.path.dirname(path)
+    tf.io.gfile.makedirs(folder)
+    tmp = os.path.join(folder, f".{MODEL_CONFIG_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    with tf.io.gfile.GFile(tmp, "w") as f:
         f.write(text_format.MessageToString(config))
-    os.replace(tmp, path)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def find_model(config: model_server_config_pb2.ModelServerConfig, name: str):
@@ -102,7 +112,7 @@ def labelled_or_latest_version(serving_root: str, name: str, label: str) -> str 
     base = safe_base_path(serving_root, name)
     versions = available_versions(base)
     config_path = model_config_path(serving_root)
-    if label and os.path.isfile(config_path):
+    if label and tf.io.gfile.exists(config_path):
         try:
             labelled = find_model(read_model_server_config(config_path), name).version_labels.get(label)
         except ModelConfigError:

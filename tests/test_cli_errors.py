@@ -47,3 +47,13 @@ def test_console_entry_point_reports_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "unknown key 'data.nope'" in result.stderr
+
+
+def test_trainer_refusal_is_one_line(capsys, tmp_path):
+    """A check inside the trainer (XLA cannot compile string features) ends as one line too."""
+    code = main(["train", "--config", str(REPO / "loopline.yaml"), "--work-dir", str(tmp_path),
+                 "--set", "trainer.jit_compile=true", "--set", f"pipeline.root={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith("loopline: error: trainer.jit_compile: XLA cannot compile the string features")
+    assert not any("Traceback" in line for line in err)

@@ -48,3 +48,28 @@ def test_garbage_config_is_reported(tmp_path):
     path.write_text("model_config_list { nope }")
     with pytest.raises(ModelConfigError, match="not a valid ModelServerConfig"):
         read_model_server_config(str(path))
+
+
+def test_remote_roots_work_through_gfile():
+    """A cluster run pushes to gs:// or s3://; TensorFlow's ram:// filesystem stands in for them."""
+    import tensorflow as tf
+
+    from serving.model_config import available_versions, labelled_or_latest_version
+
+    root = "ram://serving-root"
+    for version in (3, 5):
+        tf.io.gfile.makedirs(f"{root}/m/{version}")
+        with tf.io.gfile.GFile(f"{root}/m/{version}/saved_model.pb", "w") as f:
+            f.write("x")
+    assert safe_base_path(root, "m") == f"{root}/m"
+    with pytest.raises(ModelConfigError):
+        safe_base_path(root, "../m")
+    assert available_versions(f"{root}/m") == [3, 5]
+    assert labelled_or_latest_version(root, "m", "stable") == f"{root}/m/5"
+
+    config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.config.add(name="m", base_path=f"{root}/m", model_platform="tensorflow")
+    write_model_server_config(model_config_path(root), config)
+    set_version_labels(model_config_path(root), "m", {"stable": 3})
+    assert read_model_server_config(model_config_path(root)).model_config_list.config[0].version_labels["stable"] == 3
+    assert labelled_or_latest_version(root, "m", "stable") == f"{root}/m/3"

@@ -48,13 +48,19 @@ def test_mirrored_and_multi_worker_match_one_device(tmp_path):
                    env=subprocess_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})))
         for i in range(2)
     ]
-    for worker in workers:
-        finish(worker)
+    try:
+        for worker in workers:
+            finish(worker)
+    finally:  # a failed worker must not leave its peer waiting for it
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
 
     one, steps = load(tmp_path / "one.npz")
     assert steps == 512 // 32
     for name in ("mirrored", "worker0", "worker1"):
         other, other_steps = load(tmp_path / f"{name}.npz")
-        assert other_steps == steps
+        assert other_steps == steps and len(other) == len(one)
         for a, b in zip(one, other):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)

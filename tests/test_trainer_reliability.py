@@ -40,8 +40,9 @@ def test_sigkill_then_resume_ends_at_the_same_step_with_the_same_result(tmp_path
     module.write_text(SLOW_MODULE)
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
 
+    log = open(tmp_path / "killed.log", "wb")  # a file, not a pipe nobody drains while we wait
     process = subprocess.Popen(command(splits, killed_dir, module), cwd=REPO, env=subprocess_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while not glob.glob(str(killed_dir / "checkpoints" / "ckpt-40.index")):
@@ -54,6 +55,7 @@ def test_sigkill_then_resume_ends_at_the_same_step_with_the_same_result(tmp_path
         if process.poll() is None:
             process.kill()
             process.wait()
+        log.close()
     assert process.returncode == -signal.SIGKILL
     assert not (killed_dir / "metrics.json").exists()
 

@@ -55,7 +55,7 @@ class EvaluatorConfig(_Section):
         default_factory=dict,
         description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}}.",
     )
-    compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the last pushed model.")
+    compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the champion (labelled, else last pushed).")
     regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
