@@ -17,7 +17,7 @@ from mlflow.models import set_model
 
 # The input is a DataFrame validated against the logged signature; MLflow's type-hint inference
 # would only repeat that, but warns on every load without it.
-warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")  # text starts with a colour code
 
 SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
 
