@@ -15,6 +15,7 @@ from tensorflow_serving.apis import input_pb2, prediction_log_pb2
 from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid
+from serving.signature_call import SignatureCaller
 from serving.tensors import dtype_name, to_numpy
 
 log = logging.getLogger("loopline.serving")
@@ -49,7 +50,8 @@ class Servable:
         self.max_elements = max_elements
         self.signature_defs = self._read_signature_defs(path)
         self._loaded = tf.saved_model.load(path)
-        self._functions = {k: self._loaded.signatures[k] for k in self.signature_defs if k in self._loaded.signatures}
+        self._functions = {k: SignatureCaller(self._loaded.signatures[k])
+                           for k in self.signature_defs if k in self._loaded.signatures}
         self.description = {}
         sig_file = os.path.join(path, SIGNATURE_FILE)
         if os.path.isfile(sig_file):
@@ -129,13 +131,11 @@ class Servable:
                                   f"{[d if d >= 0 else -1 for d in dims]}, got {list(array.shape)}")
 
     def _call(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        function = self._functions[key]
         try:
-            outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
+            return self._functions[key](inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as exc:
             message = getattr(exc, "message", None) or str(exc)
             raise invalid(f"model {self.name} version {self.version}, signature '{key}': {message.splitlines()[0]}") from None
-        return {k: v.numpy() for k, v in outputs.items()}
 
     def run(self, signature_name: str, inputs: dict[str, np.ndarray], output_filter=()) -> dict[str, np.ndarray]:
         key = signature_name or DEFAULT_SIGNATURE
