@@ -1,29 +1,37 @@
 """Server-side batching: concurrent requests to one signature run as one call.
 
-Batches close greedily: a worker takes whatever has queued (up to `max_batch_size` rows) while the
-previous batch ran, so a request never waits for partners that are not there, and under load the
-model sees large batches. A request arriving while no other is in flight runs at once in its own
-thread (no hand-off at low load). `batch_timeout_micros` is TF Serving's knob (written to
-batching.config for it); here the queue itself is the timeout.
+No batching threads: the request threads take turns. A request that finds fewer than
+`num_batch_threads` batches running runs at once in its own thread, taking along every compatible
+request queued so far (up to `max_batch_size` rows), and hands the results to their threads. A
+request that finds them all busy queues; when a batch ends, the oldest queued request is woken to
+run the next one. So a request never waits for partners that are not there (a lone request pays one
+uncontended lock), under load the model sees large batches, and no request crosses more than one
+thread hand-off. `batch_timeout_micros` is TF Serving's knob (written to batching.config for it);
+here the running batch is the timeout.
 """
 from __future__ import annotations
 
-import queue
 import threading
-from concurrent.futures import Future
+from collections import deque
 from typing import Callable
 
+import grpc
 import numpy as np
+
+from serving.errors import ServingError
 
 Inputs = dict[str, np.ndarray]
 Run = Callable[[Inputs], dict[str, np.ndarray]]
 
 
 class _Request:
-    __slots__ = ("inputs", "rows", "key", "future")
+    __slots__ = ("inputs", "rows", "key", "wake", "done", "result", "error")
 
     def __init__(self, inputs: Inputs, rows: int, key):
-        self.inputs, self.rows, self.key, self.future = inputs, rows, key, Future()
+        self.inputs, self.rows, self.key = inputs, rows, key
+        self.wake = None  # a held lock, released to wake the waiting thread
+        self.done = False
+        self.result = self.error = None
 
 
 def _rows_and_key(inputs: Inputs):
@@ -46,90 +54,101 @@ class Batcher:
     def __init__(self, run: Run, max_batch_size: int, threads: int, max_enqueued: int, name: str = "batcher"):
         self._run = run
         self._max_rows = max_batch_size
-        self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=max_enqueued * max_batch_size)
-        self._pending: _Request | None = None
-        self._take_lock = threading.Lock()
-        self._active_lock = threading.Lock()
-        self._active = 0  # requests inside submit()
-        self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True) for i in range(threads)]
-        for t in self._threads:
-            t.start()
+        self._max_running = threads
+        self._max_waiting = max_enqueued * max_batch_size
+        self.name = name
+        self._lock = threading.Lock()
+        self._running = 0  # batches being run (or about to be, by a woken request)
+        self._waiting: deque[_Request] = deque()
 
     def submit(self, inputs: Inputs) -> dict[str, np.ndarray]:
         rows, key = _rows_and_key(inputs)
         if rows is None or rows >= self._max_rows:
             return self._run(inputs)  # not batchable, or a batch already
-        with self._active_lock:
-            self._active += 1
-            alone = self._active == 1
-        try:
-            if alone:  # nobody to batch with: run in the caller's thread, no hand-off latency
-                return self._run(inputs)
-            return self._enqueue(inputs, rows, key)
-        finally:
-            with self._active_lock:
-                self._active -= 1
-
-    def _enqueue(self, inputs: Inputs, rows: int, key) -> dict[str, np.ndarray]:
         request = _Request(inputs, rows, key)
+        with self._lock:
+            lead = self._running < self._max_running
+            if lead:
+                self._running += 1
+            elif len(self._waiting) >= self._max_waiting:
+                raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, "the batching queue is full; retry later")
+            else:
+                request.wake = threading.Lock()
+                request.wake.acquire()
+                self._waiting.append(request)
+        if not lead:
+            request.wake.acquire()  # released when another batch ran this request, or when it is our turn
+            if request.done:
+                if request.error is not None:
+                    raise request.error
+                return request.result
         try:
-            self._queue.put_nowait(request)
-        except queue.Full:
-            from serving.errors import ServingError
-            import grpc
-
-            raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, "the batching queue is full; retry later") from None
-        return request.future.result()
+            self._run_batch(request)
+        finally:
+            self._next()
+        if request.error is not None:
+            raise request.error
+        return request.result
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
+        """Nothing to stop: batches run in the requests' own threads."""
 
-    def _take_batch(self) -> list[_Request] | None:
-        with self._take_lock:
-            first = self._pending or self._queue.get()
-            self._pending = None
-            if first is None:
-                return None
-            batch, rows = [first], first.rows
-            while rows < self._max_rows:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None or nxt.key != first.key or rows + nxt.rows > self._max_rows:
-                    self._pending = nxt  # starts the next batch
-                    break
-                batch.append(nxt)
-                rows += nxt.rows
-            return batch
+    def _next(self) -> None:
+        """A batch ended: wake the oldest queued request to run the next one, or free the slot."""
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().wake.release()
+            else:
+                self._running -= 1
 
-    def _loop(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if batch is None:
-                return
-            if len(batch) == 1:
-                self._finish(batch[0])
-                continue
-            try:
-                merged = {name: np.concatenate([r.inputs[name] for r in batch]) for name in batch[0].inputs}
-                outputs = self._run(merged)
-                total = sum(r.rows for r in batch)
-                if any(v.ndim == 0 or v.shape[0] != total for v in outputs.values()):
-                    raise ValueError("an output is not batch-major")
-            except Exception:
-                # One bad request must not fail its neighbours: run them one by one.
-                for r in batch:
-                    self._finish(r)
-                continue
-            start = 0
-            for r in batch:
-                r.future.set_result({k: v[start:start + r.rows] for k, v in outputs.items()})
-                start += r.rows
+    def _take_partners(self, first: _Request) -> list[_Request]:
+        batch, rows = [first], first.rows
+        with self._lock:
+            if not self._waiting:
+                return batch
+            skipped = deque()
+            while self._waiting and rows < self._max_rows:
+                other = self._waiting.popleft()
+                if other.key == first.key and rows + other.rows <= self._max_rows:
+                    batch.append(other)
+                    rows += other.rows
+                else:
+                    skipped.append(other)  # waits for a batch of its own kind, keeping its place
+            skipped.extend(self._waiting)
+            self._waiting = skipped
+        return batch
 
-    def _finish(self, request: _Request) -> None:
+    def _run_batch(self, first: _Request) -> None:
+        batch = self._take_partners(first)
+        if len(batch) == 1:
+            self._run_one(first)
+            return
         try:
-            request.future.set_result(self._run(request.inputs))
-        except BaseException as exc:  # delivered to the caller's thread
-            request.future.set_exception(exc)
+            merged = {name: np.concatenate([r.inputs[name] for r in batch]) for name in first.inputs}
+            outputs = self._run(merged)
+            total = sum(r.rows for r in batch)
+            if any(v.ndim == 0 or v.shape[0] != total for v in outputs.values()):
+                raise ValueError("an output is not batch-major")
+        except Exception:
+            # One bad request must not fail its neighbours: run them one by one.
+            for r in batch:
+                self._run_one(r)
+                self._deliver(r, first)
+            return
+        start = 0
+        for r in batch:
+            r.result = {k: v[start:start + r.rows] for k, v in outputs.items()}
+            start += r.rows
+            self._deliver(r, first)
+
+    def _run_one(self, request: _Request) -> None:
+        try:
+            request.result = self._run(request.inputs)
+        except BaseException as exc:  # delivered to the request's own thread
+            request.error = exc
+
+    @staticmethod
+    def _deliver(request: _Request, first: _Request) -> None:
+        if request is not first:
+            request.done = True
+            request.wake.release()

@@ -35,6 +35,11 @@ class ServingConfig(_Section):
     tls_cert: str | None = None
     tls_key: str | None = None
     grpc_workers: int = Field(32, ge=1)
+    # TensorFlow's thread pools in the server process (TF Serving's --tensorflow_inter_op_parallelism
+    # and --tensorflow_intra_op_parallelism); 0 lets TensorFlow choose. Concurrent requests already
+    # run side by side, so one inter-op thread avoids a hand-off per call for small models.
+    inter_op_threads: int = Field(1, ge=0)
+    intra_op_threads: int = Field(0, ge=0)
     batching: BatchingConfig = BatchingConfig()
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from tensorflow_serving.apis import input_pb2, prediction_log_pb2
 from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid
+from serving.signature_call import SignatureCaller
 from serving.tensors import dtype_name, to_numpy
 
 log = logging.getLogger("loopline.serving")
@@ -49,12 +50,14 @@ class Servable:
         self.max_elements = max_elements
         self.signature_defs = self._read_signature_defs(path)
         self._loaded = tf.saved_model.load(path)
-        self._functions = {k: self._loaded.signatures[k] for k in self.signature_defs if k in self._loaded.signatures}
+        self._functions = {k: SignatureCaller(self._loaded.signatures[k])
+                           for k in self.signature_defs if k in self._loaded.signatures}
         self.description = {}
         sig_file = os.path.join(path, SIGNATURE_FILE)
         if os.path.isfile(sig_file):
             with open(sig_file) as f:
                 self.description = json.load(f)
+        self._specs: dict[str, dict[str, tuple]] = {}
         self._batchers = {}
         if batching is not None and batching.enabled:
             for key in self._functions:
@@ -107,35 +110,44 @@ class Servable:
                           f"model {self.name} version {self.version} has {sorted(self._functions)}")
         return self.signature_defs[key]
 
+    def _input_specs(self, key: str) -> dict[str, tuple]:
+        """{input: (dtype, wants a string, numpy dtype, dims or None)} of a signature, built once."""
+        specs = self._specs.get(key)
+        if specs is None:
+            specs = {}
+            for name, info in self.signature_defs[key].inputs.items():
+                want = tf.dtypes.as_dtype(info.dtype)
+                dims = None if info.tensor_shape.unknown_rank else [d.size for d in info.tensor_shape.dim]
+                specs[name] = (want, want == tf.string, None if want == tf.string else np.dtype(want.as_numpy_dtype), dims)
+            self._specs[key] = specs
+        return specs
+
     def check_inputs(self, signature_name: str, inputs: dict[str, np.ndarray]) -> None:
         key = signature_name or DEFAULT_SIGNATURE
-        sig = self.signature(key)
-        expected = set(sig.inputs)
-        if set(inputs) != expected:
+        self.signature(key)
+        specs = self._input_specs(key)
+        if inputs.keys() != specs.keys():
+            expected = set(specs)
             missing, extra = sorted(expected - set(inputs)), sorted(set(inputs) - expected)
             parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
             raise invalid(f"signature '{key}' takes inputs {sorted(expected)}: " + ", ".join(parts))
         for name, array in inputs.items():
-            info = sig.inputs[name]
-            want = tf.dtypes.as_dtype(info.dtype)
+            want, want_string, want_numpy, dims = specs[name]
             got_string = array.dtype == object or array.dtype.kind in "SU"
-            if (want == tf.string) != got_string or (not got_string and array.dtype != want.as_numpy_dtype):
+            if want_string != got_string or (not got_string and array.dtype != want_numpy):
                 got = "string" if got_string else dtype_name(tf.dtypes.as_dtype(array.dtype).as_datatype_enum)
                 raise invalid(f"input '{name}' of signature '{key}': expects dtype {want.name}, got {got}")
-            if not info.tensor_shape.unknown_rank:
-                dims = [d.size for d in info.tensor_shape.dim]
+            if dims is not None:
                 if len(dims) != array.ndim or any(d >= 0 and d != s for d, s in zip(dims, array.shape)):
                     raise invalid(f"input '{name}' of signature '{key}': expects shape "
                                   f"{[d if d >= 0 else -1 for d in dims]}, got {list(array.shape)}")
 
     def _call(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        function = self._functions[key]
         try:
-            outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
+            return self._functions[key](inputs)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as exc:
             message = getattr(exc, "message", None) or str(exc)
             raise invalid(f"model {self.name} version {self.version}, signature '{key}': {message.splitlines()[0]}") from None
-        return {k: v.numpy() for k, v in outputs.items()}
 
     def run(self, signature_name: str, inputs: dict[str, np.ndarray], output_filter=()) -> dict[str, np.ndarray]:
         key = signature_name or DEFAULT_SIGNATURE

@@ -16,6 +16,19 @@ from serving.rest import start_rest
 log = logging.getLogger("loopline.serving")
 
 
+def configure_tensorflow(config: ServingConfig) -> None:
+    """Sizes TensorFlow's thread pools; only possible before TensorFlow runs its first op."""
+    import tensorflow as tf
+
+    try:
+        if config.inter_op_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+        if config.intra_op_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    except RuntimeError:
+        log.warning("TensorFlow already runs in this process; serving.inter_op_threads/intra_op_threads not applied")
+
+
 class ModelServer:
     def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
         self.config = config
@@ -25,6 +38,7 @@ class ModelServer:
         self._grpc = self._rest = None
 
     def start(self) -> "ModelServer":
+        configure_tensorflow(self.config)
         self.manager.start()  # loads and warms what models.config names before accepting requests
         self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
         self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config)

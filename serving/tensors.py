@@ -4,7 +4,7 @@ claiming a huge shape is refused instead of exhausting memory."""
 from __future__ import annotations
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from serving.errors import invalid
 
@@ -72,8 +72,10 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
 
 def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None) -> tensor_pb2.TensorProto:
     proto = out if out is not None else tensor_pb2.TensorProto()
-    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape]))
+    proto.tensor_shape.Clear()
+    dims = proto.tensor_shape.dim
+    for s in array.shape:
+        dims.add().size = s
     if array.dtype == object or array.dtype.kind in "SU":
         proto.dtype = types_pb2.DT_STRING
         proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
