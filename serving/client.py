@@ -154,7 +154,16 @@ def wait_until_serving(client, model: str, seconds: float, signature: str = RAW_
         try:
             client.input_dtypes(model, signature)
             return
-        except Exception:  # noqa: BLE001 - not up yet; the deadline bounds it
-            if time.monotonic() > deadline:
+        except Exception as exc:  # noqa: BLE001 - only "not up yet" is retried, until the deadline
+            if not _not_up_yet(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _not_up_yet(exc: Exception) -> bool:
+    """A server still starting (nothing listening) or still loading the model."""
+    if isinstance(exc, grpc.RpcError):
+        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+    import requests
+
+    return isinstance(exc, requests.ConnectionError) or (isinstance(exc, RuntimeError) and str(exc).startswith("HTTP 404"))

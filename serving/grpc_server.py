@@ -75,13 +75,16 @@ def start_grpc(manager: ModelManager, metrics: Metrics, config: ServingConfig) -
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(manager, metrics), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager, metrics), server)
     address = f"{config.host}:{config.grpc_port}"
-    if config.tls_cert:
-        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
-            credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if config.tls_cert:
+            with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+                credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind": in use, or not an address of this machine
+        port = 0
     if port == 0:
-        raise OSError(f"gRPC: cannot bind {address}")
+        raise OSError(f"gRPC: cannot bind {address} (in use? set serving.grpc_port or --grpc-port)")
     server.start()
     return server, port

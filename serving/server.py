@@ -40,8 +40,12 @@ class ModelServer:
     def start(self) -> "ModelServer":
         configure_tensorflow(self.config)
         self.manager.start()  # loads and warms what models.config names before accepting requests
-        self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
-        self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config)
+        try:
+            self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
+            self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config)
+        except BaseException:  # e.g. a port in use: stop what started, so the process can exit
+            self.stop(grace=0)
+            raise
         return self
 
     def stop(self, grace: float = 5.0) -> None:

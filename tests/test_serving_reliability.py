@@ -4,6 +4,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +17,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
+from tests.conftest import subprocess_env
 from tests.serving_helpers import ServerProcess, add_version, export_model, wait_for
 
 
@@ -153,3 +156,22 @@ def test_tls_and_loopback_only(workspace, tmp_path):
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop()
+
+
+def test_busy_port_is_one_line_and_the_process_exits(tmp_path):
+    """A port already taken: a one-line error and exit code 1, no traceback, no process left behind."""
+    import socket
+
+    (tmp_path / "serving").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "serve", "--grpc-port", str(port), "--rest-port", "0",
+             "--serving-root", str(tmp_path / "serving")],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=subprocess_env())
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"loopline: error: gRPC: cannot bind 127.0.0.1:{port}")
+    assert "Traceback" not in result.stderr
