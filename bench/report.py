@@ -7,13 +7,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _rows(name: str, result: dict):
+def _rows(name: str, result: dict, prefix: str = ""):
+    """One row per figure; nested figures (per client count, per model) as dotted names."""
     for key, value in result.items():
-        if key in ("machine",) or isinstance(value, (dict, list)):
+        if key == "machine" or isinstance(value, list):
+            continue
+        if isinstance(value, dict):
+            yield from _rows(name, value, f"{prefix}{key}.")
             continue
         if isinstance(value, float):
             value = f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-        yield f"| {name} | {key} | {value} |"
+        yield f"| {name} | {prefix}{key} | {value} |"
 
 
 def write_report(results_dir: Path = HERE / "results", target: Path = HERE / "REPORT.md") -> Path:
