@@ -50,10 +50,11 @@ def test_console_entry_point_reports_without_traceback(tmp_path):
 
 
 def test_trainer_refusal_is_one_line(capsys, tmp_path):
-    """A check inside the trainer (XLA cannot compile string features) ends as one line too."""
+    """A check inside the trainer (an early-stopping metric the model does not have) ends as one line."""
     code = main(["train", "--config", str(REPO / "loopline.yaml"), "--work-dir", str(tmp_path),
-                 "--set", "trainer.jit_compile=true", "--set", f"pipeline.root={tmp_path}"])
+                 "--set", "trainer.early_stopping_metric=auc", "--set", "trainer.epochs=1",
+                 "--set", f"pipeline.root={tmp_path}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err[-1].startswith("loopline: error: trainer.jit_compile: XLA cannot compile the string features")
+    assert err[-1].startswith("loopline: error: trainer.early_stopping_metric 'auc' is not an eval metric")
     assert not any("Traceback" in line for line in err)

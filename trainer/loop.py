@@ -31,6 +31,7 @@ from trainer.model import (
     load_module,
     make_head,
     module_for_label,
+    split_at_encoder,
 )
 from trainer.strategy import is_chief, make_strategy
 from trainer.summaries import MetricSink, Progress, Summaries
@@ -177,10 +178,6 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     declared = declared_head_kinds(module)
     heads = [make_head(name, all_kinds[name], stats, declared.get(name)) for name in labels]
     kinds = {k: v for k, v in all_kinds.items() if k not in labels}
-    if config.jit_compile and any(kind == "string" for kind in kinds.values()) and custom_step is None:
-        strings = sorted(k for k, v in kinds.items() if v == "string")
-        raise ValueError(f"trainer.jit_compile: XLA cannot compile the string features {strings}; "
-                         "turn jit_compile off or feed numbers")
     if config.batch_size % replicas:
         raise ValueError(f"trainer.batch_size={config.batch_size} must divide evenly across {replicas} replicas")
     ctx = ModelContext(kinds, stats, heads)
@@ -224,6 +221,13 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
 
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
                               skip_batches=int(batches_var.numpy()))
+    # XLA cannot compile strings: with jit_compile and string features, the encoder (constants,
+    # no weights) runs in tf.data and the compiled step trains the layers after it.
+    stepped = model
+    if config.jit_compile and custom_step is None and any(kind == "string" for kind in kinds.values()):
+        encoder, stepped = split_at_encoder(model, kinds)
+        dataset = dataset.map(lambda features, targets: (encoder(features), targets),
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input)
     probe_batch = next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))
@@ -239,7 +243,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
         loss, losses = 0.0, {h.name: 0.0 for h in heads}
         for features, targets in batches:  # unrolled: grad_accum_steps is small
             with tf.GradientTape() as tape:
-                outputs = model(features, training=True)
+                outputs = stepped(features, training=True)
                 batch_losses = head_losses(heads, targets, outputs, config.batch_size)
                 weights = weights_fn(step) if weights_fn else {}
                 terms = [weights.get(h.name, h.weight) * batch_losses[h.name] for h in heads]

@@ -63,6 +63,19 @@ def build_tabular_model(ctx: ModelContext, hidden_units=(64, 64)) -> keras.Model
     return keras.Model(inputs, outputs, name="tabular")
 
 
+def split_at_encoder(model: keras.Model, kinds: FeatureKinds) -> tuple[keras.Layer, keras.Model]:
+    """(the model's encoder, a model from the encoder's output to the outputs, sharing weights),
+    so a compiled (XLA) step can skip the string inputs XLA cannot take."""
+    strings = sorted(k for k, v in kinds.items() if v == "string")
+    try:
+        encoder = model.get_layer("encoder")
+        return encoder, keras.Model(encoder.output, model.output, name=f"{model.name}_after_encoder")
+    except ValueError as exc:
+        raise ValueError(f"trainer.jit_compile: XLA cannot compile the string features {strings}, and the model "
+                         f"has no single 'encoder' layer (ctx.encoder()) to run before the compiled step ({exc}); "
+                         "turn jit_compile off or feed numbers") from None
+
+
 def make_head(name: str, kind: str, stats: FeatureStats, expected: str | None = None) -> Head:
     """A head for label column `name`: classification for strings, regression for numbers.
     `expected` is the head kind the model module declares, checked against the data."""
