@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +49,6 @@ def write_splits(folder: Path) -> tuple[str, str]:
     return str(paths["train"]), str(paths["eval"])
 
 
-def median_ms(fn, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
-
-
 def run() -> dict:
     from ai_edge_litert.interpreter import Interpreter
 
@@ -81,7 +69,7 @@ def run() -> dict:
         batch = {k: np.resize(v, (BATCH, 1)) for k, v in features.items()}
         raw = tf.saved_model.load(str(serving)).signatures["predict_raw"]
         tf_batch = {k: tf.constant(v) for k, v in batch.items()}
-        saved_batch_ms = median_ms(lambda: raw(**tf_batch), RUNS // 4)
+        saved_batch_ms = tflite.median_ms(lambda: raw(**tf_batch), RUNS // 4)
         saved = {"size_bytes": report["saved_model"]["size_bytes"], "latency_ms_1": report["saved_model"]["latency_ms"],
                  f"latency_ms_{BATCH}": saved_batch_ms}
         rows = {"saved_model": saved}
@@ -90,11 +78,11 @@ def run() -> dict:
             inputs = tflite.as_numpy_inputs(batch)
             one = tflite.as_numpy_inputs({k: v[:1] for k, v in batch.items()})
             # The export times only the variants that pass the gate; time the others here.
-            latency_1 = variant["latency_ms"] or median_ms(lambda: runner(**one), RUNS)
+            latency_1 = variant["latency_ms"] or tflite.median_ms(lambda: runner(**one), RUNS)
             rows[f"tflite_{variant['variant']}"] = {
                 "size_bytes": variant["size_bytes"],
                 "latency_ms_1": latency_1,
-                f"latency_ms_{BATCH}": median_ms(lambda: runner(**inputs), RUNS // 4),
+                f"latency_ms_{BATCH}": tflite.median_ms(lambda: runner(**inputs), RUNS // 4),
                 "max_abs_diff_scores": variant["max_abs_diff"]["scores"],
                 "accuracy_delta": variant["metric_delta"]["species_accuracy"],
                 "parity_passed": variant["passed"],

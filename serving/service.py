@@ -37,11 +37,15 @@ def predict(manager: ModelManager, request: predict_pb2.PredictRequest) -> predi
 
 
 def classify(manager: ModelManager, request) -> classification_pb2.ClassificationResponse:
+    return _run_examples(manager, request, classification_pb2.ClassificationResponse(), fill_classifications)
+
+
+def _run_examples(manager: ModelManager, request, response, fill):
+    """Classify and Regress: run the signature on the request's examples, fill the result."""
     with manager.resolve(request.model_spec) as servable:
         outputs = servable.run_examples(request.model_spec.signature_name, request.input)
-        response = classification_pb2.ClassificationResponse()
         _spec(response.model_spec, servable, request.model_spec.signature_name)
-        fill_classifications(response.result, outputs)
+        fill(response.result, outputs)
         return response
 
 
@@ -51,25 +55,23 @@ def fill_classifications(result, outputs) -> None:
     if scores is None and classes is None:
         raise invalid(f"the signature has no 'classes' or 'scores' output (outputs: {sorted(outputs)}); it is not a classifier")
     rows = (scores if scores is not None else classes).shape[0]
+    # Reshaped once, not per element.
+    scores = scores.reshape(rows, -1) if scores is not None else None
+    classes = classes.reshape(rows, -1) if classes is not None else None
+    width = (scores if scores is not None else classes).shape[1]
     for i in range(rows):
         item = result.classifications.add()
-        width = (scores if scores is not None else classes).reshape(rows, -1).shape[1]
         for j in range(width):
             cls = item.classes.add()
             if classes is not None:
-                label = classes.reshape(rows, -1)[i, j]
+                label = classes[i, j]
                 cls.label = label.decode() if isinstance(label, bytes) else str(label)
             if scores is not None:
-                cls.score = float(scores.reshape(rows, -1)[i, j])
+                cls.score = float(scores[i, j])
 
 
 def regress(manager: ModelManager, request) -> regression_pb2.RegressionResponse:
-    with manager.resolve(request.model_spec) as servable:
-        outputs = servable.run_examples(request.model_spec.signature_name, request.input)
-        response = regression_pb2.RegressionResponse()
-        _spec(response.model_spec, servable, request.model_spec.signature_name)
-        fill_regressions(response.result, outputs)
-        return response
+    return _run_examples(manager, request, regression_pb2.RegressionResponse(), fill_regressions)
 
 
 def fill_regressions(result, outputs) -> None:

@@ -181,21 +181,20 @@ def tflite_latency_ms(model_content: bytes, one_example: dict[str, np.ndarray], 
 
     runner = Interpreter(model_content=model_content).get_signature_runner(SIGNATURE)
     inputs = as_numpy_inputs(one_example)
-    runner(**inputs)  # Allocates tensors.
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        runner(**inputs)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+    return median_ms(lambda: runner(**inputs), runs)
 
 
 def saved_model_latency_ms(signature, one_example: dict[str, np.ndarray], runs: int) -> float:
     inputs = {k: tf.constant(v) for k, v in one_example.items()}
-    signature(**inputs)
+    return median_ms(lambda: signature(**inputs), runs)
+
+
+def median_ms(call, runs: int) -> float:
+    """Median wall time of `call` in milliseconds, after one untimed call (allocation, tracing)."""
+    call()
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        signature(**inputs)
+        call()
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
