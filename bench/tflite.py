@@ -6,7 +6,6 @@ and for a batch of 256 in the SavedModel (TensorFlow) and in each variant (LiteR
 """
 from __future__ import annotations
 
-import csv
 import json
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ import tensorflow as tf
 
 from trainer import tflite
 from trainer.config import TrainerConfig
+from trainer.csv_examples import csv_to_tfrecords
 from trainer.evaluation import read_examples
 from trainer.export import REPORT_JSON, export_model
 from trainer.export_config import ExportConfig
@@ -28,33 +28,12 @@ RUNS = 200
 BATCH = 256
 
 
-def write_splits(folder: Path) -> tuple[str, str]:
-    """The CSV as GZIP tf.Example TFRecords, every third row into eval."""
-    options = tf.io.TFRecordOptions(compression_type="GZIP")
-    paths = {"train": folder / "train.gz", "eval": folder / "eval.gz"}
-    writers = {k: tf.io.TFRecordWriter(str(p), options) for k, p in paths.items()}
-    for i, row in enumerate(csv.DictReader(DATA.open())):
-        feature = {}
-        for name, value in row.items():
-            if value in ("", "NA"):
-                continue
-            try:
-                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
-            except ValueError:
-                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
-        writers["eval" if i % 3 == 2 else "train"].write(
-            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    for writer in writers.values():
-        writer.close()
-    return str(paths["train"]), str(paths["eval"])
-
-
 def run() -> dict:
     from ai_edge_litert.interpreter import Interpreter
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        train_pattern, eval_pattern = write_splits(folder)
+        train_pattern, eval_pattern = csv_to_tfrecords(str(DATA), str(folder))
         result = train(TrainerConfig(epochs=10), train_pattern, eval_pattern, "species")
         serving = folder / "model" / "Format-Serving"
         try:

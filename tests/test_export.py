@@ -2,7 +2,6 @@
 the report; trained for a few steps on GZIP TFRecords written here."""
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -14,6 +13,7 @@ import tensorflow as tf
 
 from trainer import tflite
 from trainer.config import TrainerConfig
+from trainer.csv_examples import csv_to_tfrecords
 from trainer.evaluation import evaluate_saved_model, label_kinds, read_examples
 from trainer.export import REPORT_JSON, REPORT_MD, TFLITE_DIR, export_model, export_saved_model, float32_model
 from trainer.export_config import ExportConfig
@@ -24,32 +24,10 @@ from trainer.warmup import read_warmup
 REPO = Path(__file__).resolve().parent.parent
 
 
-def write_splits(folder: Path) -> tuple[str, str]:
-    """The bundled CSV as tf.Examples (empty field = missing), 2:1 into GZIP train/eval files."""
-    rows = list(csv.DictReader(open(REPO / "data" / "penguins.csv")))
-    options = tf.io.TFRecordOptions(compression_type="GZIP")
-    paths = {"train": folder / "train.gz", "eval": folder / "eval.gz"}
-    writers = {k: tf.io.TFRecordWriter(str(p), options) for k, p in paths.items()}
-    for i, row in enumerate(rows):
-        feature = {}
-        for name, value in row.items():
-            if value == "" or value == "NA":
-                continue
-            try:
-                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
-            except ValueError:
-                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
-        example = tf.train.Example(features=tf.train.Features(feature=feature))
-        writers["eval" if i % 3 == 2 else "train"].write(example.SerializeToString())
-    for writer in writers.values():
-        writer.close()
-    return str(paths["train"]), str(paths["eval"])
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
-    train_pattern, eval_pattern = write_splits(folder)
+    train_pattern, eval_pattern = csv_to_tfrecords(str(REPO / "data" / "penguins.csv"), str(folder))
     result = train(TrainerConfig(epochs=4, batch_size=32), train_pattern, eval_pattern, "species")
     return result, train_pattern, eval_pattern, folder
 
