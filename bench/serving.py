@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import portpicker
 
 REPO = Path(__file__).resolve().parent.parent
 SECONDS = float(os.environ.get("LOOPLINE_BENCH_SERVING_SECONDS", "6"))
@@ -75,9 +75,7 @@ def measure(call, concurrency: int, seconds: float = SECONDS) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return portpicker.pick_unused_port()
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:

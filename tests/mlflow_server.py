@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import portpicker
 
 from tests.conftest import subprocess_env
 
@@ -17,9 +18,7 @@ START_TIMEOUT_S = 90
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return portpicker.pick_unused_port()
 
 
 class MlflowServer:
