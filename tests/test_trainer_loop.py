@@ -104,8 +104,10 @@ def test_seeded_deterministic_runs_are_identical(regression):
     assert not all(np.array_equal(a, b) for a, b in zip(weights(first), weights(other)))
 
 
-def test_resume_continues_exactly(regression, tmp_path, caplog):
-    config = TrainerConfig(epochs=2, seed=3, deterministic=True, checkpoint_every_steps=5, ema_decay=0.9)
+@pytest.mark.parametrize("in_memory_mb", [512, 0], ids=["in_memory", "streamed"])
+def test_resume_continues_exactly(regression, tmp_path, caplog, in_memory_mb):
+    config = TrainerConfig(epochs=2, seed=3, deterministic=True, checkpoint_every_steps=5, ema_decay=0.9,
+                           input={"in_memory_mb": in_memory_mb})
     straight = train(config, *regression, "target")
     train(config.model_copy(update={"max_steps": 10}), *regression, "target", work_dir=str(tmp_path))
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
@@ -114,6 +116,52 @@ def test_resume_continues_exactly(regression, tmp_path, caplog):
     assert resumed.steps == straight.steps == 32
     for a, b in zip(weights(straight), weights(resumed)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_unrolled_steps_train_like_single_steps(regression):
+    """Three steps per compiled call (and single ones for what is left) are the same steps: the
+    learning rate and loss weights still see each step's number."""
+    config = TrainerConfig(epochs=2, seed=5, deterministic=True, jit_compile=True, steps_per_loop=7,
+                           lr_schedule="cosine", warmup_steps=4, eval_every_steps=10)
+    logged = {1: [], 3: []}
+
+    class Sink:
+        def __init__(self, unroll):
+            self.unroll = unroll
+
+        def log(self, step, metrics):
+            if "train/learning_rate" in metrics:
+                logged[self.unroll].append((step, metrics["train/learning_rate"], metrics["train/loss"]))
+
+        def close(self):
+            pass
+
+    single = train(config, *regression, "target", metric_sinks=[Sink(1)])
+    unrolled = train(config.model_copy(update={"unroll_steps": 3}), *regression, "target", metric_sinks=[Sink(3)])
+    assert unrolled.steps == single.steps == 32
+    for a, b in zip(weights(single), weights(unrolled)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.array(logged[3]), np.array(logged[1]), rtol=1e-4)
+
+
+def test_in_memory_stream_is_a_full_shuffle_per_epoch(regression):
+    from trainer.features import compute_stats, infer_feature_kinds
+    from trainer.inputs import parsed_batches, training_stream
+    from trainer.model import make_head
+
+    kinds = infer_feature_kinds(regression[0])
+    heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(regression[0], kinds), kinds))]
+
+    def epochs(in_memory_mb, skip=0):
+        stream = training_stream(regression[0], kinds, heads, 64, TrainerConfig().input.model_copy(
+            update={"in_memory_mb": in_memory_mb}), seed=1, skip_batches=skip)
+        targets = [t["target"].numpy() for _, t in stream.take(16 - skip)]
+        return np.concatenate(targets).reshape(2 - skip // 8, 512)
+
+    first, second = epochs(512)
+    assert sorted(first) == sorted(second) == sorted(epochs(0).ravel()[:512])  # every row once per epoch
+    assert not np.array_equal(first, second)  # reshuffled
+    np.testing.assert_array_equal(epochs(512, skip=8)[0], second)  # resume skips into the same order
 
 
 def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):

@@ -13,8 +13,12 @@ class _Section(BaseModel):
 class InputConfig(_Section):
     """tf.data over the GZIP TFRecord splits."""
 
-    shuffle_buffer: int = Field(10_000, ge=1, description="Examples held in the shuffle buffer.")
-    cache: bool = Field(True, description="Cache the serialized records in memory after the first pass.")
+    in_memory_mb: int = Field(
+        512, ge=0, description="A training split whose parsed columns fit in this many MB is parsed once and held in "
+        "memory; each epoch is then a full shuffle of its rows. 0: always stream the records.",
+    )
+    shuffle_buffer: int = Field(10_000, ge=1, description="Examples held in the shuffle buffer (streamed records).")
+    cache: bool = Field(True, description="Cache the serialized records in memory after the first pass (streamed records).")
     parallel_reads: int = Field(4, ge=1, description="Files read at once (parallel interleave).")
     deterministic: bool = Field(
         True, description="Same order on every run (and exact resume); false lets tf.data reorder for speed."
@@ -41,6 +45,10 @@ class TrainerConfig(_Section):
     precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     jit_compile: bool = Field(False, description="Compile the step with XLA.")
     steps_per_loop: int = Field(1, ge=1, description="Optimizer steps run inside one tf.function call.")
+    unroll_steps: int = Field(
+        1, ge=1, description="Optimizer steps unrolled into one compiled call (one replica, no train_step override): "
+        "fewer XLA launches per step, longer compilation.",
+    )
 
     # The step.
     lr_schedule: Literal["constant", "cosine", "exponential"] = "constant"

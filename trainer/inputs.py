@@ -1,6 +1,6 @@
 """tf.data input over ExampleGen's GZIP TFRecord splits: files interleaved in parallel, cached,
 shuffled, batched then parsed (one parse call per batch, not per example), labels encoded,
-prefetched."""
+prefetched. A training split small enough is parsed once and held in memory as columns."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -47,6 +47,40 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def parsed_columns(file_pattern: str, kinds: FeatureKinds, heads: list[Head], max_bytes: int):
+    """The whole split parsed (features, encoded targets) as column tensors of `[rows, ...]`, or
+    None when they would take more than `max_bytes`."""
+    chunks, size = [], 0
+    for features, targets in record_dataset(file_pattern).batch(8192).map(_splitter(kinds, heads)):
+        for column in [*features.values(), *targets.values()]:
+            size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
+                if column.dtype == tf.string else column.dtype.size * int(tf.size(column))
+        if size > max_bytes:
+            return None
+        chunks.append((features, targets))
+    if not chunks:
+        return None
+    return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *chunks)
+
+
+def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
+    """Every epoch a full shuffle of the rows (by index, stateless: the same on every run), cut
+    into `rows // batch_size` batches gathered from the columns. Nothing is parsed again."""
+    rows = int(tf.shape(tf.nest.flatten(columns)[0])[0])
+    per_epoch = rows // batch_size
+
+    def epoch_batches(epoch):
+        order = tf.random.experimental.stateless_shuffle(tf.range(rows), seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
+        return tf.data.Dataset.from_tensor_slices(tf.reshape(order[: per_epoch * batch_size], [per_epoch, batch_size]))
+
+    indices = tf.data.Dataset.counter().flat_map(epoch_batches)
+    if skip_batches:
+        indices = indices.skip(skip_batches)
+    dataset = indices.map(lambda index: tf.nest.map_structure(lambda column: tf.gather(column, index), columns),
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic)
+    return _finish(dataset, config)
+
+
 def training_stream(
     file_pattern: str,
     kinds: FeatureKinds,
@@ -62,6 +96,10 @@ def training_stream(
     checkpoint says were consumed and continues exactly where training stopped. Full batches keep
     shapes static (one XLA compilation, even splits across replicas).
     """
+    if config.in_memory_mb:
+        columns = parsed_columns(file_pattern, kinds, heads, config.in_memory_mb * 2**20)
+        if columns is not None and int(tf.shape(tf.nest.flatten(columns)[0])[0]) >= batch_size:
+            return _in_memory_stream(columns, batch_size, seed, skip_batches, config)
     dataset = record_dataset(file_pattern, config)
     if config.cache:
         dataset = dataset.cache()
