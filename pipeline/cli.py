@@ -86,10 +86,11 @@ def _serving_root(config) -> str:
 
 
 def cmd_serve(args) -> int:
-    from serving.server import serve_forever
-
     config = _config(args)
     serving = config.serving
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")  # before TensorFlow loads
+    from serving.server import serve_forever
+
     for key in ("host", "grpc_port", "rest_port"):
         if getattr(args, key) is not None:
             setattr(serving, key, getattr(args, key))

@@ -40,6 +40,10 @@ class ServingConfig(_Section):
     # run side by side, so one inter-op thread avoids a hand-off per call for small models.
     inter_op_threads: int = Field(1, ge=0)
     intra_op_threads: int = Field(0, ge=0)
+    # oneDNN kernels (TF_ENABLE_ONEDNN_OPTS) in the `loopline serve` process: faster on large
+    # batches, slower per call on the small ones a server mostly sees (a 3-layer MLP at batch 1:
+    # ~130 us of ops with them, ~100 us without). Takes effect only before TensorFlow is imported.
+    onednn: bool = False
     batching: BatchingConfig = BatchingConfig()
 
     @model_validator(mode="after")

@@ -149,7 +149,8 @@ class ModelManager:
             path = os.path.join(base, str(version))
             fingerprint = folder_fingerprint(path)
             try:
-                servable = load_servable(name, version, path, self.config.batching, self.max_elements, self.config.warmup)
+                servable = load_servable(name, version, path, self.config.batching, self.max_elements, self.config.warmup,
+                                         self.config.intra_op_threads)
             except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 state.failed[version] = (fingerprint, reason)
@@ -158,7 +159,8 @@ class ModelManager:
             state.failed.pop(version, None)
             with self._lock:
                 state.loaded[version] = servable
-            log.info("model %s version %d loaded and serving", name, version)
+            log.info("model %s version %d loaded and serving (signatures called through %s)", name, version,
+                     servable.call_mode)
         loaded_wanted = [v for v in wanted if v in state.loaded]
         if not loaded_wanted:
             return  # availability first: never unload the last working version for a broken one

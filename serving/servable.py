@@ -15,7 +15,7 @@ from tensorflow_serving.apis import input_pb2, prediction_log_pb2
 from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid
-from serving.signature_call import SignatureCaller
+from serving.signature_call import SignatureCallers
 from serving.tensors import dtype_name, to_numpy
 
 log = logging.getLogger("loopline.serving")
@@ -45,13 +45,14 @@ def _examples(inp: input_pb2.Input) -> np.ndarray:
 
 
 class Servable:
-    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, max_elements: int):
+    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, max_elements: int,
+                 intra_op_threads: int = 0):
         self.name, self.version, self.path = name, version, path
         self.max_elements = max_elements
         self.signature_defs = self._read_signature_defs(path)
-        self._loaded = tf.saved_model.load(path)
-        self._functions = {k: SignatureCaller(self._loaded.signatures[k])
-                           for k in self.signature_defs if k in self._loaded.signatures}
+        self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads)
+        self._functions = self._callers.callers
+        self.call_mode = self._callers.mode
         self.description = {}
         sig_file = os.path.join(path, SIGNATURE_FILE)
         if os.path.isfile(sig_file):
@@ -101,7 +102,7 @@ class Servable:
         for b in self._batchers.values():
             b.close()
         self._functions = {}
-        self._loaded = None
+        self._callers.close()
 
     def signature(self, signature_name: str) -> meta_graph_pb2.SignatureDef:
         key = signature_name or DEFAULT_SIGNATURE
@@ -199,9 +200,9 @@ class Servable:
 
 
 def load_servable(name: str, version: int, path: str, batching: BatchingConfig | None, max_elements: int,
-                  warmup: bool) -> Servable:
+                  warmup: bool, intra_op_threads: int = 0) -> Servable:
     """Loads and warms a version; raises ServingError-free exceptions with the reason on failure."""
-    servable = Servable(name, version, path, batching, max_elements)
+    servable = Servable(name, version, path, batching, max_elements, intra_op_threads)
     if warmup:
         try:
             servable.warm_up()

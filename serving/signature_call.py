@@ -1,48 +1,91 @@
-"""Calling a loaded SavedModel signature with little Python around it.
+"""Calling a SavedModel's signatures with little around them, as TF Serving does.
 
-`signature(**tensors)` binds the keyword arguments against the function type and casts every tensor
-to its spec on each call: for a few inputs that costs more than a small model takes to run. The
-server checks inputs against the SignatureDef before calling, so here the signature's flat function
-is called directly, with eager tensors built straight from the NumPy arrays (what `tf.constant`
-does after its own checks). Where this TensorFlow's internals are not as expected, the public call
-is used instead.
+TF Serving loads a SavedModel's MetaGraph into a Session (restoring the variables, running its
+init op) and serves each signature with Session runs on the signature's tensor names. The same is
+done here with a Session callable per signature and TensorFlow's single-threaded executor: for a
+small model, handing every call to the inter-op thread pool, or calling a tf.function eagerly
+(binding, casting and nested function calls in Python), costs more than the model's ops.
+
+Where a SavedModel cannot be loaded that way (an op the single-threaded executor refuses, such as
+v1 control flow), the default executor is used; where it cannot be loaded into a Session at all,
+the signatures are called eagerly through `tf.saved_model.load`. Either fallback is logged.
 """
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context
-from tensorflow.python.framework import ops
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.util import deprecation
 
 log = logging.getLogger("loopline.serving")
 
+Caller = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+SERVE_TAG = "serve"
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 
-class SignatureCaller:
-    """`caller(inputs)`: {name: array} in, {output name: array} out, like the signature itself."""
 
-    def __init__(self, function):
-        self._function = function
-        self._flat = None
+def _session_callers(path: str, signature_defs: dict[str, meta_graph_pb2.SignatureDef], executor: str,
+                     intra_op_threads: int) -> tuple[tf.compat.v1.Session, dict[str, Caller]]:
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=intra_op_threads,
+                                      allow_soft_placement=True)
+    config.experimental.executor_type = executor
+    graph = tf.Graph()
+    session = tf.compat.v1.Session(graph=graph, config=config)
+    try:
+        with graph.as_default(), deprecation.silence():  # TF Serving's loader; its v1 warning misleads here
+            tf.compat.v1.saved_model.loader.load(session, [SERVE_TAG], path)
+        callers = {}
+        for key, sig in signature_defs.items():
+            inputs, outputs = list(sig.inputs), list(sig.outputs)
+            run = session.make_callable([sig.outputs[o].name for o in outputs],
+                                        feed_list=[sig.inputs[i].name for i in inputs])
+
+            def call(values, run=run, inputs=inputs, outputs=outputs):
+                return dict(zip(outputs, run(*[values[i] for i in inputs])))
+
+            callers[key] = call
+        return session, callers
+    except BaseException:
+        session.close()
+        raise
+
+
+def _eager_callers(path: str, signature_defs) -> tuple[object, dict[str, Caller]]:
+    loaded = tf.saved_model.load(path)
+
+    def caller(function):
+        return lambda values: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in values.items()}).items()}
+
+    return loaded, {k: caller(loaded.signatures[k]) for k in signature_defs if k in loaded.signatures}
+
+
+class SignatureCallers:
+    """`callers[key](inputs)`: {input name: array} in, {output name: array} out, per signature."""
+
+    def __init__(self, path: str, signature_defs: dict[str, meta_graph_pb2.SignatureDef], intra_op_threads: int = 0):
+        self.mode = "session"
+        self._session = self._loaded = None
         try:
-            names = list(function.function_type.parameters)
-            atomic = function._inference_function
-            captures = list(function.captured_inputs)
-            expected = len(atomic.cached_definition.signature.input_arg)
-            if len(names) + len(captures) != expected:
-                raise ValueError(f"{len(names)} inputs and {len(captures)} captures for {expected} arguments")
-            self._context = context.context()
-            self._context.ensure_initialized()
-            self._flat = (names, atomic.call_flat, captures, atomic.function_type.pack_output)
-        except (AttributeError, TypeError, ValueError) as exc:
-            log.warning("signature calls take the slower public path: %s", exc)
+            self._session, self.callers = _session_callers(path, signature_defs, SINGLE_THREADED, intra_op_threads)
+            return
+        except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("%s: the single-threaded executor refused this model (%s); using the default executor", path, first)
+        try:
+            self._session, self.callers = _session_callers(path, signature_defs, "", intra_op_threads)
+            self.mode = "session (default executor)"
+        except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+            log.warning("%s: cannot be loaded into a Session (%s); calling its signatures eagerly", path,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self._loaded, self.callers = _eager_callers(path, signature_defs)
+            self.mode = "eager"
 
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._flat is None:
-            outputs = self._function(**{k: tf.constant(v) for k, v in inputs.items()})
-        else:
-            names, call_flat, captures, pack = self._flat
-            device = self._context.device_name
-            outputs = pack(call_flat(*[ops.EagerTensor(inputs[n], device, None) for n in names], *captures))
-        return {k: v.numpy() for k, v in outputs.items()}
+    def close(self) -> None:
+        self.callers = {}
+        self._loaded = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None

@@ -1,0 +1,55 @@
+"""How the server calls a SavedModel's signatures: through a Session as TF Serving does, with the
+eager call as the fallback, and the same answers either way."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from serving.servable import Servable
+from tests.serving_helpers import example, export_model
+
+RAW = {"bill_length_mm": np.array([[40.0], [51.5]], np.float32), "flipper_length_mm": np.array([[190.0], [222.0]], np.float32),
+       "island": np.array([[b"Dream"], [b"Biscoe"]], dtype=object)}
+
+
+def test_session_calls_match_the_eager_signatures(tmp_path):
+    path = str(export_model(tmp_path / "1"))
+    servable = Servable("penguins", 1, path, None, 10**6)
+    assert servable.call_mode == "session"
+    loaded = tf.saved_model.load(path)
+    eager = {k: v.numpy() for k, v in loaded.signatures["predict_raw"](**{k: tf.constant(v) for k, v in RAW.items()}).items()}
+    served = servable.run("predict_raw", RAW)
+    assert served.keys() == eager.keys()
+    for key in eager:
+        if eager[key].dtype == object:
+            np.testing.assert_array_equal(served[key], eager[key])
+        else:
+            np.testing.assert_allclose(served[key], eager[key], rtol=1e-6)
+    serialized = np.array([example().SerializeToString()], dtype=object)
+    by_example = servable.run("serving_default", {"inputs": serialized})
+    np.testing.assert_allclose(by_example["scores"], served["scores"][:1], rtol=1e-6)
+    servable.unload()
+
+
+def test_a_model_a_session_cannot_load_is_called_eagerly(tmp_path):
+    """No `serve` tag: TF Serving's loader (and the Session path) refuse it; the eager call serves it."""
+    class Doubler(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+        def double(self, x):
+            return {"y": x * 2.0}
+
+    module = Doubler()
+    path = str(tmp_path / "1")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.double})
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    with open(f"{path}/saved_model.pb", "rb") as f:
+        proto.ParseFromString(f.read())
+    proto.meta_graphs[0].meta_info_def.tags[:] = ["custom"]
+    with open(f"{path}/saved_model.pb", "wb") as f:
+        f.write(proto.SerializeToString())
+
+    servable = Servable("doubler", 1, path, None, 10**6)
+    assert servable.call_mode == "eager"
+    np.testing.assert_array_equal(servable.run("", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
