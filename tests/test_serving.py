@@ -106,6 +106,14 @@ def rpc_code(call, *args) -> grpc.StatusCode:
     return info.value.code(), info.value.details()
 
 
+def test_served_through_a_session_without_onednn(server):
+    """`loopline serve` turns oneDNN off before TensorFlow loads (TF announces it when on) and
+    calls the signatures through a Session, as TF Serving does."""
+    log = server.log()
+    assert "signatures called through session" in log
+    assert "oneDNN custom operations are on" not in log
+
+
 def test_status_and_metadata(stub, model_stub):
     status = model_stub.GetModelStatus(
         get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "penguins"}), timeout=10)
