@@ -117,45 +117,72 @@ def in_process(saved_model: Path) -> dict:
     return {f"c{c}": measure(call, c) for c in CONCURRENCY}
 
 
-def ours(serving_root: Path) -> dict:
-    import grpc
+def predict_request():
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from tensorflow_serving.apis import predict_pb2
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "penguins"
+    request.model_spec.signature_name = "predict_raw"
+    request.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["bill_length_mm"]]], tf.float32))
+    request.inputs["flipper_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["flipper_length_mm"]]], tf.float32))
+    request.inputs["island"].CopyFrom(tf.make_tensor_proto([[ROW["island"].encode()]]))
+    return request
+
+
+def grpc_clients(port: int, concurrency=CONCURRENCY) -> dict:
+    """The stock PredictionService stub, one channel per client thread, sending the same request."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    request = predict_request()
+    results = {}
+    for c in concurrency:
+        channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(c)]
+        stubs = [prediction_service_pb2_grpc.PredictionServiceStub(ch) for ch in channels]
+        local = threading.local()
+        counter = iter(range(c))
+        lock = threading.Lock()
+
+        def call():
+            if not hasattr(local, "stub"):
+                with lock:
+                    local.stub = stubs[next(counter)]
+            return local.stub.Predict(request, timeout=10)
+
+        results[f"c{c}"] = measure(call, c)
+        for ch in channels:
+            ch.close()
+    return results
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def ours(serving_root: Path) -> dict:
     grpc_port, rest_port = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--serving-root", str(serving_root),
                              "--grpc-port", str(grpc_port), "--rest-port", str(rest_port)],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = "penguins"
-        request.model_spec.signature_name = "predict_raw"
-        request.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["bill_length_mm"]]], tf.float32))
-        request.inputs["flipper_length_mm"].CopyFrom(tf.make_tensor_proto([[ROW["flipper_length_mm"]]], tf.float32))
-        request.inputs["island"].CopyFrom(tf.make_tensor_proto([[ROW["island"].encode()]]))
-        results = {}
-        for c in CONCURRENCY:
-            channels = [grpc.insecure_channel(f"127.0.0.1:{grpc_port}") for _ in range(c)]
-            stubs = [prediction_service_pb2_grpc.PredictionServiceStub(ch) for ch in channels]
-            local = threading.local()
-            counter = iter(range(c))
-            lock = threading.Lock()
-
-            def call():
-                if not hasattr(local, "stub"):
-                    with lock:
-                        local.stub = stubs[next(counter)]
-                return local.stub.Predict(request, timeout=10)
-
-            results[f"c{c}"] = measure(call, c)
-            for ch in channels:
-                ch.close()
-        return results
+        return grpc_clients(grpc_port)
     finally:
         stop(proc)
 
+
+def grpc_floor() -> dict:
+    """The same clients against a server that runs no model (bench/grpc_floor.py), at 1 client."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if "serving" not in proc.stdout.readline():
+            raise RuntimeError("bench.grpc_floor did not start")
+        return grpc_clients(port, concurrency=(1,))
+    finally:
+        stop(proc)
 
 
 def mlflow_model(saved_model: Path, target: Path) -> Path:
@@ -217,19 +244,25 @@ def run() -> dict:
         serving_root = work / "serving"
         saved_model = export_model(serving_root / "penguins" / "1")
         write_serving_configs(str(serving_root), ServingConfig())
-        results = {"in_process": in_process(saved_model), "loopline_grpc": ours(serving_root),
+        results = {"in_process": in_process(saved_model), "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
                    "mlflow_rest": mlflow_serve(mlflow_model(saved_model, work / "mlflow_model"))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
     results["ratio_vs_mlflow_c1"] = round(results["loopline_grpc"]["c1"]["req_per_s"] / results["mlflow_rest"]["c1"]["req_per_s"], 2)
     results["p50_overhead_ms_c1"] = round(results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
+    # Of that overhead, the round trip of a gRPC call that runs no model (minus the in-process
+    # call it replaces) is transport; the rest is the server's handler and model call.
+    results["grpc_floor_overhead_ms_c1"] = round(results["grpc_floor"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
     results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
-    for name in ("in_process", "loopline_grpc", "mlflow_rest"):
+    for name in ("in_process", "loopline_grpc", "grpc_floor", "mlflow_rest"):
         for c in CONCURRENCY:
+            if f"c{c}" not in results[name]:
+                continue
             r = results[name][f"c{c}"]
             print(f"  {name:14s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
     print(f"  ratio vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "
-          f"p50 overhead at 1 client: {results['p50_overhead_ms_c1']} ms")
+          f"p50 overhead at 1 client: {results['p50_overhead_ms_c1']} ms "
+          f"(a gRPC call that runs no model: {results['grpc_floor']['c1']['p50_ms']} ms)")
     return results

@@ -1,0 +1,33 @@
+"""A PredictionService that answers every Predict with an empty response and runs no model: the
+cost of the gRPC round trip alone (stock Python server and client on this machine), so the serving
+benchmark can split our overhead into transport and handler.
+
+    python -m bench.grpc_floor PORT
+"""
+from __future__ import annotations
+
+import sys
+from concurrent import futures
+
+import grpc
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+
+class EmptyPredictions(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def Predict(self, request, context):
+        response = predict_pb2.PredictResponse()
+        response.model_spec.name = request.model_spec.name
+        return response
+
+
+def main(port: int) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(EmptyPredictions(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("serving", flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
