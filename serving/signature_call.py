@@ -6,8 +6,8 @@ done here with a Session callable per signature and TensorFlow's single-threaded
 small model, handing every call to the inter-op thread pool, or calling a tf.function eagerly
 (binding, casting and nested function calls in Python), costs more than the model's ops.
 
-Where a SavedModel cannot be loaded that way (an op the single-threaded executor refuses, such as
-v1 control flow), the default executor is used; where it cannot be loaded into a Session at all,
+Where a SavedModel cannot be run that way (v1 control flow: Switch/Merge, which that executor
+refuses), the default executor is used; where it cannot be loaded into a Session at all,
 the signatures are called eagerly through `tf.saved_model.load`. Either fallback is logged.
 """
 from __future__ import annotations
@@ -25,6 +25,9 @@ log = logging.getLogger("loopline.serving")
 Caller = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 SERVE_TAG = "serve"
 SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
+# v1 control flow, which the single-threaded executor refuses (TF2 models use If/While instead).
+V1_CONTROL_FLOW = {"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+                   "NextIteration", "RefNextIteration", "LoopCond"}
 
 
 def _session_callers(path: str, signature_defs: dict[str, meta_graph_pb2.SignatureDef], executor: str,
@@ -37,6 +40,12 @@ def _session_callers(path: str, signature_defs: dict[str, meta_graph_pb2.Signatu
     try:
         with graph.as_default(), deprecation.silence():  # TF Serving's loader; its v1 warning misleads here
             tf.compat.v1.saved_model.loader.load(session, [SERVE_TAG], path)
+        if executor == SINGLE_THREADED:
+            graph_def = graph.as_graph_def()
+            nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+            v1 = sorted({n.op for n in nodes} & V1_CONTROL_FLOW)
+            if v1:
+                raise ValueError(f"v1 control flow ops {v1}")
         callers = {}
         for key, sig in signature_defs.items():
             inputs, outputs = list(sig.inputs), list(sig.outputs)

@@ -53,3 +53,28 @@ def test_a_model_a_session_cannot_load_is_called_eagerly(tmp_path):
     servable = Servable("doubler", 1, path, None, 10**6)
     assert servable.call_mode == "eager"
     np.testing.assert_array_equal(servable.run("", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
+
+
+def test_v1_control_flow_runs_on_the_default_executor(tmp_path):
+    """The single-threaded executor refuses Switch/Merge: such a model is served by the default one."""
+    from tensorflow.python.ops import control_flow_v2_toggles
+
+    path = str(tmp_path / "1")
+    graph = tf.Graph()
+    with graph.as_default():
+        control_flow_v2_toggles.disable_control_flow_v2()
+        try:
+            x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+            y = tf.compat.v1.cond(tf.reduce_sum(x) > 0, lambda: x * 2.0, lambda: x - 1.0)
+        finally:
+            control_flow_v2_toggles.enable_control_flow_v2()
+        with tf.compat.v1.Session(graph=graph) as session:
+            builder = tf.compat.v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})})
+            builder.save()
+
+    servable = Servable("v1", 1, path, None, 10**6)
+    assert servable.call_mode == "session (default executor)"
+    np.testing.assert_array_equal(servable.run("", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
+    np.testing.assert_array_equal(servable.run("", {"x": np.array([[-1.0]], np.float32)})["y"], [[-2.0]])
