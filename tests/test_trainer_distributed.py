@@ -1,6 +1,8 @@
 """Distribution: the same global batch gives the same weights on one device, with
 MirroredStrategy over two logical CPU devices, and with two MultiWorkerMirroredStrategy worker
-processes on 127.0.0.1 (losses are divided by the global batch once, never twice)."""
+processes on 127.0.0.1 (losses are divided by the global batch once, never twice). The step
+clips by global norm, applies through the NaN guard's skip path and scales one layer's learning
+rate, so those agree across replicas too."""
 from __future__ import annotations
 
 import json

@@ -14,6 +14,7 @@ if __name__ == "__main__":
     from trainer.loop import train
 
     config = TrainerConfig(strategy=strategy, epochs=1, batch_size=32, seed=11, deterministic=True,
-                           steps_per_loop=4, clip_norm=5.0, tensorboard=False)
+                           steps_per_loop=4, clip_norm=5.0, nan_policy="skip", lr_multipliers={"hidden_0": 0.5},
+                           tensorboard=False)
     result = train(config, train_path, eval_path, "target")
     np.savez(out, *result.model.get_weights(), steps=result.steps)
