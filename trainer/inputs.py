@@ -3,11 +3,15 @@ shuffled, batched then parsed (one parse call per batch, not per example), label
 prefetched. A training split small enough is parsed once and held in memory as columns."""
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 
 from trainer.config import InputConfig
 from trainer.features import FeatureKinds, parse_examples
 from trainer.heads import Head
+
+log = logging.getLogger("loopline.trainer")
 
 
 def record_dataset(file_pattern: str, config: InputConfig | None = None) -> tf.data.Dataset:
@@ -49,7 +53,7 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
 
 def parsed_columns(file_pattern: str, kinds: FeatureKinds, heads: list[Head], max_bytes: int):
     """The whole split parsed (features, encoded targets) as column tensors of `[rows, ...]`, or
-    None when they would take more than `max_bytes`."""
+    None when they would take more than `max_bytes` (or the split is empty)."""
     chunks, size = [], 0
     for features, targets in record_dataset(file_pattern).batch(8192).map(_splitter(kinds, heads)):
         for column in [*features.values(), *targets.values()]:
@@ -98,8 +102,12 @@ def training_stream(
     """
     if config.in_memory_mb:
         columns = parsed_columns(file_pattern, kinds, heads, config.in_memory_mb * 2**20)
-        if columns is not None and int(tf.shape(tf.nest.flatten(columns)[0])[0]) >= batch_size:
+        rows = int(tf.shape(tf.nest.flatten(columns)[0])[0]) if columns is not None else 0
+        if rows >= batch_size:
+            log.info("training split parsed once and held in memory (%d rows)", rows)
             return _in_memory_stream(columns, batch_size, seed, skip_batches, config)
+        log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
+                 else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
     dataset = record_dataset(file_pattern, config)
     if config.cache:
         dataset = dataset.cache()
