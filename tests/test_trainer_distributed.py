@@ -16,10 +16,12 @@ from tests.conftest import REPO, subprocess_env
 from tests.trainer_data import regression_splits
 
 
-def run_worker(strategy, splits, out, logical_cpus=None, env=None):
+def run_worker(strategy, splits, out, logical_cpus=None, env=None, config=None):
     args = [sys.executable, "-m", "tests.trainer_worker", strategy, *splits, str(out)]
     if logical_cpus:
         args.append(str(logical_cpus))
+    if config:
+        args.append(json.dumps(config))
     return subprocess.Popen(args, cwd=REPO, env=env or subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -66,3 +68,14 @@ def test_mirrored_and_multi_worker_match_one_device(tmp_path):
         assert other_steps == steps and len(other) == len(one)
         for a, b in zip(one, other):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_jit_compile_across_logical_cpus_is_refused_clearly(tmp_path):
+    """XLA compiles the step for one device; with two CPU devices in one process it would fail
+    deep inside TensorFlow, so the trainer refuses up front and says what to change."""
+    splits = regression_splits(tmp_path / "data")
+    worker = run_worker("mirrored", splits, tmp_path / "out.npz", logical_cpus=2, config={"jit_compile": True})
+    output, _ = worker.communicate(timeout=240)
+    assert worker.returncode != 0
+    assert "trainer.jit_compile does not work with 2 CPU devices in one process" in output
+    assert "set trainer.jit_compile=false" in output
