@@ -18,8 +18,8 @@ from tests.trainer_data import regression_splits
 
 def run_worker(strategy, splits, out, logical_cpus=None, env=None, config=None):
     args = [sys.executable, "-m", "tests.trainer_worker", strategy, *splits, str(out)]
-    if logical_cpus:
-        args.append(str(logical_cpus))
+    if logical_cpus or config:
+        args.append(str(logical_cpus or 1))
     if config:
         args.append(json.dumps(config))
     return subprocess.Popen(args, cwd=REPO, env=env or subprocess_env(), stdout=subprocess.PIPE,
@@ -70,12 +70,12 @@ def test_mirrored_and_multi_worker_match_one_device(tmp_path):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_jit_compile_across_logical_cpus_is_refused_clearly(tmp_path):
-    """XLA compiles the step for one device; with two CPU devices in one process it would fail
-    deep inside TensorFlow, so the trainer refuses up front and says what to change."""
+def test_jit_compile_across_cpu_replicas_is_refused_clearly(tmp_path):
+    """The step all-reduces gradients inside the compiled function and XLA has no collectives on
+    CPU: TensorFlow would fail deep inside the first call, so the trainer refuses up front."""
     splits = regression_splits(tmp_path / "data")
     worker = run_worker("mirrored", splits, tmp_path / "out.npz", logical_cpus=2, config={"jit_compile": True})
     output, _ = worker.communicate(timeout=240)
     assert worker.returncode != 0
-    assert "trainer.jit_compile does not work with 2 CPU devices in one process" in output
+    assert "trainer.jit_compile does not work with 2 replicas on CPU" in output
     assert "set trainer.jit_compile=false" in output

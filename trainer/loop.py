@@ -164,11 +164,11 @@ def train(
 def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds) -> TrainResult:
     strategy = make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
-    if config.jit_compile and replicas > 1:
-        cpus = [d for d in strategy.extended.worker_devices if "CPU" in d.upper()]
-        if len(cpus) > 1:  # XLA compiles the step for one device and cannot reach the other CPUs' variables
-            raise ValueError(f"trainer.jit_compile does not work with {len(cpus)} CPU devices in one process "
-                             f"(strategy {config.strategy}); set trainer.jit_compile=false or use one device")
+    if config.jit_compile and replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices):
+        # The step all-reduces gradients inside the compiled function; XLA has no collectives on CPU.
+        raise ValueError(f"trainer.jit_compile does not work with {replicas} replicas on CPU (strategy "
+                         f"{config.strategy}: XLA has no cross-replica collectives on CPU); set "
+                         "trainer.jit_compile=false or train on one device")
     chief = is_chief(strategy)
     module = module_for_label(load_module(config.module_file), label, config.module_file)
     custom_step = getattr(module, "train_step", None)
