@@ -14,10 +14,10 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, Model, ModelBlessing
 from tfx.utils import path_utils
 
+from components.splits import split_pattern
 from serving.model_config import labelled_or_latest_version
 
 
@@ -39,7 +39,7 @@ def Evaluator(
 
     log = logging.getLogger("loopline.evaluator")
     config = EvaluatorConfig.model_validate_json(evaluator_config)
-    eval_pattern = os.path.join(artifact_utils.get_split_uri([examples], "eval"), "*")
+    eval_pattern = split_pattern(examples, "eval")
     candidate = path_utils.serving_model_path(model.uri)
     champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 from tfx import types
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
-from tfx.types import artifact_utils, standard_artifacts
+from tfx.types import standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 from tfx.utils import path_utils
+
+from components.splits import split_pattern
 
 
 class RegistrarSpec(ComponentSpec):
@@ -46,8 +47,7 @@ def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict
     """A few rows of the split as {feature: value} (None when missing), for the input example."""
     import tensorflow as tf
 
-    pattern = os.path.join(artifact_utils.get_split_uri([examples], split), "*")
-    files = tf.io.gfile.glob(pattern)
+    files = tf.io.gfile.glob(split_pattern(examples, split))
     records = []
     for raw in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit).as_numpy_iterator():
         row = {}

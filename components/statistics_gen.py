@@ -2,12 +2,13 @@
 them (`<uri>/Split-<name>/FeatureStats.pb`), so the standard component can replace it."""
 
 import logging
-import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, ExampleStatistics
+
+from components.splits import split_pattern
 
 
 @component
@@ -17,7 +18,6 @@ def StatisticsGen(examples: InputArtifact[Examples], statistics: OutputArtifact[
     splits = artifact_utils.decode_split_names(examples.split_names)
     statistics.split_names = artifact_utils.encode_split_names(splits)
     for split in splits:
-        pattern = os.path.join(artifact_utils.get_split_uri([examples], split), "*")
-        stats = compute_statistics(pattern, name=split)
+        stats = compute_statistics(split_pattern(examples, split), name=split)
         path = write_statistics(artifact_utils.get_split_uri([statistics], split), stats)
         logging.getLogger("loopline").info("statistics of split '%s' (%d examples): %s", split, stats.num_examples, path)

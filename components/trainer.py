@@ -7,13 +7,10 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema
 from tfx.utils import path_utils
 
-
-def split_pattern(examples: Examples, split: str) -> str:
-    return os.path.join(artifact_utils.get_split_uri([examples], split), "*")
+from components.splits import split_pattern
 
 
 @component
