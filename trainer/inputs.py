@@ -27,10 +27,6 @@ def record_dataset(file_pattern: str, config: InputConfig | None = None) -> tf.d
     )
 
 
-def count_records(file_pattern: str) -> int:
-    return int(record_dataset(file_pattern).reduce(0, lambda n, _: n + 1))
-
-
 def _splitter(kinds: FeatureKinds, heads: list[Head]):
     labels = {head.name for head in heads}
 

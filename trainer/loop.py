@@ -22,7 +22,7 @@ from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import count_records, make_dataset, parsed_batches, training_stream
+from trainer.inputs import make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
     build_models,
@@ -189,7 +189,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
 
     # How long: an epoch is one pass of full batches; a step takes grad_accum_steps batches.
     accum = config.grad_accum_steps
-    batches_per_epoch = max(count_records(train_pattern) // config.batch_size, 1)
+    batches_per_epoch = max(stats.count // config.batch_size, 1)  # stats.count: rows in the train split
     steps_per_epoch = max(batches_per_epoch // accum, 1)
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps:
