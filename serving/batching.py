@@ -51,12 +51,11 @@ def _rows_and_key(inputs: Inputs):
 
 
 class Batcher:
-    def __init__(self, run: Run, max_batch_size: int, threads: int, max_enqueued: int, name: str = "batcher"):
+    def __init__(self, run: Run, max_batch_size: int, threads: int, max_enqueued: int):
         self._run = run
         self._max_rows = max_batch_size
         self._max_running = threads
         self._max_waiting = max_enqueued * max_batch_size
-        self.name = name
         self._lock = threading.Lock()
         self._running = 0  # batches being run (or about to be, by a woken request)
         self._waiting: deque[_Request] = deque()
@@ -89,9 +88,6 @@ class Batcher:
         if request.error is not None:
             raise request.error
         return request.result
-
-    def close(self) -> None:
-        """Nothing to stop: batches run in the requests' own threads."""
 
     def _next(self) -> None:
         """A batch ended: wake the oldest queued request to run the next one, or free the slot."""

@@ -23,7 +23,6 @@ log = logging.getLogger("loopline.serving")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
 DEFAULT_SIGNATURE = "serving_default"
-_NUMPY_KIND = {tf.float32: "f", tf.float64: "f", tf.float16: "f", tf.int32: "i", tf.int64: "i", tf.string: "O"}
 
 
 def _examples(inp: input_pb2.Input) -> np.ndarray:
@@ -64,7 +63,7 @@ class Servable:
             for key in self._functions:
                 self._batchers[key] = Batcher(
                     lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
-                    batching.num_batch_threads, batching.max_enqueued_batches, name=f"batch-{name}-{version}-{key}")
+                    batching.num_batch_threads, batching.max_enqueued_batches)
         self._in_flight = 0
         self._idle = threading.Condition()
 
@@ -99,8 +98,6 @@ class Servable:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     def unload(self) -> None:
-        for b in self._batchers.values():
-            b.close()
         self._functions = {}
         self._callers.close()
 
