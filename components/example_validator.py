@@ -43,9 +43,10 @@ def ExampleValidator(
         problems += found
     anomalies.set_json_value_custom_property("blessed", blessed)
     anomalies.set_int_custom_property("anomaly_count", len(problems))
-    anomalies.set_string_custom_property("report", format_problems(problems) if problems else "")
+    report = format_problems(problems) if problems else ""
+    anomalies.set_string_custom_property("report", report)
     if problems:
-        log.warning("%s", format_problems(problems))
+        log.warning("%s", report)
     else:
         log.info("data validation: no anomalies in splits %s", ", ".join(splits))
 

@@ -157,7 +157,7 @@ def cmd_promote(args) -> int:
     if label is None:
         print(f"(alias '{args.alias}' has no entry in mlflow.alias_labels; TF Serving labels unchanged)")
         return 0
-    models_config = model_config_path(os.path.join(config.pipeline.root, "serving"))
+    models_config = model_config_path(_serving_root(config))
     try:
         follow_in_serving(client, promotion, models_config, config.serving.model_name, label)
     except (PromotionError, ModelConfigError) as exc:

@@ -19,9 +19,9 @@ log = logging.getLogger("loopline")
 
 # Schemes every pod can read and write through tf.io.gfile / Beam file systems.
 REMOTE_SCHEMES = ("gs://", "s3://", "hdfs://")
-# MLflow tracking URIs that a pod can reach (a file store inside a pod dies with the pod).
 # Where infra/Dockerfile puts the examples and the default config.
 IMAGE_PREFIX = "/opt/loopline/"
+# MLflow tracking URIs that a pod can reach (a file store inside a pod dies with the pod).
 SHARED_MLFLOW_SCHEMES = ("http://", "https://", "databricks", "postgresql", "mysql", "mssql")
 
 
@@ -73,7 +73,7 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
             f"ships the examples under {IMAGE_PREFIX}examples/"
         )
     uri = config.mlflow.tracking_uri
-    if getattr(config.mlflow, "enabled", True) and (uri is None or not uri.startswith(SHARED_MLFLOW_SCHEMES)):
+    if config.mlflow.enabled and (uri is None or not uri.startswith(SHARED_MLFLOW_SCHEMES)):
         warnings.append(
             f"mlflow.tracking_uri: {uri!r} is not a tracking server the pods can share; runs logged in one "
             "pod are lost with it (set it to the MLflow server's http(s):// URL)"

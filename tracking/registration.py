@@ -132,7 +132,7 @@ def register_pipeline_run(reg: Registration) -> RegistrationResult:
     replayed = 0
     spill = os.path.join(reg.model_run_dir, UNDELIVERED_FILE) if reg.model_run_dir else None
     if spill and os.path.isfile(spill):
-        into = _usable_trained_run(client, reg.trained_run_id, reg.pipeline_run_id) or run_id
+        into = trained or run_id
         if client.get_run(into).data.tags.get(TAG_REPLAYED) != "true":
             replayed = replay(client, into, spill)
             client.set_tag(into, TAG_REPLAYED, "true")

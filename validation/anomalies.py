@@ -18,14 +18,13 @@ from scipy.spatial import distance
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
 from validation.config import ValidationConfig
-from validation.schema import is_number_text, numeric_fraction, string_domain
+from validation.schema import SCHEMA_TYPES, is_number_text, numeric_fraction, string_domain
 from validation.statistics import common_stats, value_counts
 
 ANOMALIES_FILE = "SchemaDiff.pb"  # tfx.components.example_validator.executor.DEFAULT_FILE_NAME
 T = anomalies_pb2.AnomalyInfo
 FNS = statistics_pb2.FeatureNameStatistics
 _TYPE_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTES: "BYTES"}
-_STATS_TYPES = {FNS.INT: schema_pb2.INT, FNS.FLOAT: schema_pb2.FLOAT, FNS.STRING: schema_pb2.BYTES, FNS.BYTES: schema_pb2.BYTES}
 
 
 class DataAnomaliesError(ValueError):
@@ -113,7 +112,7 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
     name, limit = feature.name, config.example_values
     common = common_stats(stats)
     expected = feature.type
-    actual = _STATS_TYPES.get(stats.type)
+    actual = SCHEMA_TYPES.get(stats.type)
     if common.num_non_missing and actual != expected and feature.type in _TYPE_NAMES:
         if expected in (schema_pb2.INT, schema_pb2.FLOAT) and actual == schema_pb2.BYTES:
             bad = [v for v in value_counts(stats) if not is_number_text(v)]
@@ -138,7 +137,8 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
         counts = value_counts(stats)
         allowed = string_domain(schema, feature)
         if allowed is not None:
-            unseen = sorted((v for v in counts if v not in set(allowed)), key=lambda v: -counts[v])
+            in_domain = set(allowed)
+            unseen = sorted((v for v in counts if v not in in_domain), key=lambda v: -counts[v])
             total = sum(counts.values())
             mass = 1.0 - sum(counts[v] for v in unseen) / total if total else 1.0
             needed = feature.distribution_constraints.min_domain_mass if feature.HasField("distribution_constraints") else 1.0
@@ -146,10 +146,10 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
                 out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
                         f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
                         f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
-        elif expected == schema_pb2.BYTES and config.numeric_text_fraction <= numeric_fraction(stats) < 1.0:
+        elif expected == schema_pb2.BYTES and config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
             bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
             out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
-                    f"'{name}' is a numeric column ({numeric_fraction(stats):.0%} of values are numbers) "
+                    f"'{name}' is a numeric column ({numbers:.0%} of values are numbers) "
                     f"holding text, e.g. {_quote(bad, limit)}.")
     elif actual in (schema_pb2.INT, schema_pb2.FLOAT) and present:
         domain = feature.int_domain if feature.HasField("int_domain") else feature.float_domain if feature.HasField("float_domain") else None

@@ -16,7 +16,7 @@ from validation.statistics import common_stats, value_counts
 
 SCHEMA_FILE = "schema.pbtxt"  # tfx.components.schema_gen.executor.DEFAULT_FILE_NAME
 
-_TYPES = {
+SCHEMA_TYPES = {  # statistics type -> schema type
     statistics_pb2.FeatureNameStatistics.INT: schema_pb2.INT,
     statistics_pb2.FeatureNameStatistics.FLOAT: schema_pb2.FLOAT,
     statistics_pb2.FeatureNameStatistics.STRING: schema_pb2.BYTES,
@@ -43,7 +43,7 @@ def infer_schema(stats: statistics_pb2.DatasetFeatureStatistics, config: Validat
     """Types, presence, shape and string domains from one split's statistics (usually train)."""
     schema = schema_pb2.Schema()
     for feature_stats in stats.features:
-        feature = schema.feature.add(name=feature_stats.name, type=_TYPES[feature_stats.type])
+        feature = schema.feature.add(name=feature_stats.name, type=SCHEMA_TYPES[feature_stats.type])
         feature.presence.min_fraction = round(1.0 - config.max_missing_fraction, 6)
         feature.presence.min_count = 1
         common = common_stats(feature_stats)
