@@ -61,6 +61,15 @@ class Batcher:
         self._waiting: deque[_Request] = deque()
 
     def submit(self, inputs: Inputs) -> dict[str, np.ndarray]:
+        with self._lock:
+            alone = self._running < self._max_running and not self._waiting
+            if alone:
+                self._running += 1
+        if alone:  # nobody queued to take along: run it as it is
+            try:
+                return self._run(inputs)
+            finally:
+                self._next()
         rows, key = _rows_and_key(inputs)
         if rows is None or rows >= self._max_rows:
             return self._run(inputs)  # not batchable, or a batch already

@@ -109,14 +109,17 @@ class Servable:
         return self.signature_defs[key]
 
     def _input_specs(self, key: str) -> dict[str, tuple]:
-        """{input: (dtype, wants a string, numpy dtype, dims or None)} of a signature, built once."""
+        """{input: (dtype, wants a string, numpy dtype, dims or None, the dims' known (index, size))}
+        of a signature, built once."""
         specs = self._specs.get(key)
         if specs is None:
             specs = {}
             for name, info in self.signature_defs[key].inputs.items():
                 want = tf.dtypes.as_dtype(info.dtype)
                 dims = None if info.tensor_shape.unknown_rank else [d.size for d in info.tensor_shape.dim]
-                specs[name] = (want, want == tf.string, None if want == tf.string else np.dtype(want.as_numpy_dtype), dims)
+                known = tuple((i, d) for i, d in enumerate(dims or ()) if d >= 0)
+                specs[name] = (want, want == tf.string, None if want == tf.string else np.dtype(want.as_numpy_dtype), dims,
+                               known)
             self._specs[key] = specs
         return specs
 
@@ -130,13 +133,14 @@ class Servable:
             parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
             raise invalid(f"signature '{key}' takes inputs {sorted(expected)}: " + ", ".join(parts))
         for name, array in inputs.items():
-            want, want_string, want_numpy, dims = specs[name]
+            want, want_string, want_numpy, dims, known = specs[name]
             got_string = array.dtype == object or array.dtype.kind in "SU"
             if want_string != got_string or (not got_string and array.dtype != want_numpy):
                 got = "string" if got_string else dtype_name(tf.dtypes.as_dtype(array.dtype).as_datatype_enum)
                 raise invalid(f"input '{name}' of signature '{key}': expects dtype {want.name}, got {got}")
             if dims is not None:
-                if len(dims) != array.ndim or any(d >= 0 and d != s for d, s in zip(dims, array.shape)):
+                shape = array.shape
+                if len(dims) != len(shape) or any(shape[i] != d for i, d in known):
                     raise invalid(f"input '{name}' of signature '{key}': expects shape "
                                   f"{[d if d >= 0 else -1 for d in dims]}, got {list(array.shape)}")
 

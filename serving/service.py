@@ -24,13 +24,15 @@ def _spec(response_spec, servable, signature_name: str) -> None:
 
 
 def predict(manager: ModelManager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
-    if not request.model_spec.name:
+    spec = request.model_spec
+    if not spec.name:
         raise invalid("model_spec.name is empty")
-    with manager.resolve(request.model_spec) as servable:
-        inputs = {name: to_numpy(t, name, manager.max_elements) for name, t in request.inputs.items()}
-        outputs = servable.run(request.model_spec.signature_name, inputs, list(request.output_filter))
+    with manager.resolve(spec) as servable:
+        limit = manager.max_elements
+        inputs = {name: to_numpy(t, name, limit) for name, t in request.inputs.items()}
+        outputs = servable.run(spec.signature_name, inputs, request.output_filter)
         response = predict_pb2.PredictResponse()
-        _spec(response.model_spec, servable, request.model_spec.signature_name)
+        _spec(response.model_spec, servable, spec.signature_name)
         for name, array in outputs.items():
             from_numpy(array, response.outputs[name])
         return response

@@ -3,6 +3,8 @@ as raw bytes (one copy), and every size is checked before anything is allocated,
 claiming a huge shape is refused instead of exhausting memory."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
@@ -35,13 +37,11 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     if proto.tensor_shape.unknown_rank:
         raise invalid(f"input '{name}': tensor_shape has unknown rank")
     shape = [d.size for d in proto.tensor_shape.dim]
-    if any(s < 0 for s in shape):
+    if shape and min(shape) < 0:
         raise invalid(f"input '{name}': negative dimension in shape {shape}")
-    count = 1
-    for s in shape:
-        count *= s
-        if count > max_elements:
-            raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
+    count = math.prod(shape)  # exact (Python ints), so a huge claimed shape cannot wrap around
+    if count > max_elements:
+        raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
     if proto.dtype == types_pb2.DT_STRING:
         values = proto.string_val
         if len(values) == count:
@@ -78,7 +78,12 @@ def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None) -> 
         dims.add().size = s
     if array.dtype == object or array.dtype.kind in "SU":
         proto.dtype = types_pb2.DT_STRING
-        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
+        values = array.reshape(-1).tolist()
+        try:
+            proto.string_val.extend(values)  # the usual case: TensorFlow's string outputs are bytes
+        except TypeError:
+            del proto.string_val[:]
+            proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in values)
         return proto
     dtype = _NUMPY_TO_DT.get(array.dtype)
     if dtype is None:

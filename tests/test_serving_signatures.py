@@ -28,6 +28,13 @@ def test_session_calls_match_the_eager_signatures(tmp_path):
     serialized = np.array([example().SerializeToString()], dtype=object)
     by_example = servable.run("serving_default", {"inputs": serialized})
     np.testing.assert_allclose(by_example["scores"], served["scores"][:1], rtol=1e-6)
+    # The Session callable takes the arrays as they are (no conversion in Python): fixed-width
+    # numpy strings, str objects and strided slices give the same answers.
+    variants = {"island": [RAW["island"].astype("U"), RAW["island"].astype("S"), np.array([["Dream"], ["Biscoe"]], object)],
+                "bill_length_mm": [np.concatenate([RAW["bill_length_mm"], RAW["bill_length_mm"]], axis=1)[:, :1]]}
+    for name, arrays in variants.items():
+        for array in arrays:
+            np.testing.assert_allclose(servable.run("predict_raw", {**RAW, name: array})["scores"], served["scores"], rtol=1e-6)
     servable.unload()
 
 
