@@ -1,6 +1,8 @@
 """Serving benchmark: the embedded server over gRPC vs `mlflow models serve` (REST) vs an
 in-process SavedModel call (the floor), on the same model, batch 1, at 1 and 16 concurrent
 clients. Figures come from one run, side by side; the clients share the machine with the servers.
+Two more points split the overhead: a gRPC server that runs no model (transport alone) and the
+server's own Session call of the model in process.
 
     python -m bench --only serving
 """
@@ -115,6 +117,21 @@ def in_process(saved_model: Path) -> dict:
         return {k: v.numpy() for k, v in fn(**inputs).items()}
 
     return {f"c{c}": measure(call, c) for c in CONCURRENCY}
+
+
+def in_process_session(saved_model: Path) -> dict:
+    """The server's own way of calling the model (a Session callable, serving/signature_call.py),
+    in process at 1 client: what is left of our overhead once the model call costs the same."""
+    from serving.servable import Servable
+
+    servable = Servable("penguins", 1, str(saved_model), None, 10**6)
+    inputs = {"bill_length_mm": np.array([[ROW["bill_length_mm"]]], np.float32),
+              "flipper_length_mm": np.array([[ROW["flipper_length_mm"]]], np.float32),
+              "island": np.array([[ROW["island"].encode()]], dtype=object)}
+    try:
+        return {"c1": measure(lambda: servable.run("predict_raw", inputs), 1)}
+    finally:
+        servable.unload()
 
 
 def predict_request():
@@ -250,7 +267,8 @@ def run() -> dict:
         serving_root = work / "serving"
         saved_model = export_model(serving_root / "penguins" / "1")
         write_serving_configs(str(serving_root), ServingConfig())
-        results = {"in_process": in_process(saved_model), "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
+        results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
+                   "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
                    "mlflow_rest": mlflow_serve(mlflow_model(saved_model, work / "mlflow_model"))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -260,16 +278,19 @@ def run() -> dict:
     # Of that overhead, the round trip of a gRPC call that runs no model (minus the in-process
     # call it replaces) is transport; the rest is the server's handler and model call.
     results["grpc_floor_overhead_ms_c1"] = round(results["grpc_floor"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
+    results["p50_overhead_vs_session_ms_c1"] = round(
+        results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process_session"]["c1"]["p50_ms"], 3)
     results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
     results["loopline_settings"] = SERVER_SETTINGS
-    for name in ("in_process", "loopline_grpc", "grpc_floor", "mlflow_rest"):
+    for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
                 continue
             r = results[name][f"c{c}"]
-            print(f"  {name:14s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
+            print(f"  {name:18s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
     print(f"  ratio vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "
           f"p50 overhead at 1 client: {results['p50_overhead_ms_c1']} ms "
-          f"(a gRPC call that runs no model: {results['grpc_floor']['c1']['p50_ms']} ms)")
+          f"(a gRPC call that runs no model: {results['grpc_floor']['c1']['p50_ms']} ms; "
+          f"vs the server's own call in process: {results['p50_overhead_vs_session_ms_c1']} ms)")
     return results
