@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, text_format, wrappers_pb2
 from google.protobuf import message_factory
 from tensorflow_serving.config import model_server_config_pb2
@@ -21,8 +22,10 @@ from serving.model_config import (
     ModelConfigError,
     model_config_path,
     read_model_server_config,
+    resolved_path,
     safe_base_path,
     write_model_server_config,
+    write_textproto,
 )
 
 BATCHING_CONFIG_FILE = "batching.config"
@@ -87,26 +90,18 @@ def monitoring_config():
 
 def read_textproto(path: str, message_class):
     message = message_class()
-    with open(path) as f:
+    with tf.io.gfile.GFile(path) as f:
         text_format.Parse(f.read(), message)
     return message
 
 
-def _write_text(path: str, message) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(message))
-    os.replace(tmp, path)
-
-
 def write_serving_configs(serving_root: str, config: ServingConfig) -> dict[str, str]:
     """Adds (or refreshes) `config.model_name` in models.config, keeping other models and the
-    labels `loopline promote` set, and writes batching.config and monitoring.config.
-    Returns {file name: path}."""
-    os.makedirs(serving_root, exist_ok=True)
+    labels `loopline promote` set, and writes batching.config and monitoring.config. The root may
+    be a local folder or a URI tf.io.gfile writes (gs://...). Returns {file name: path}."""
     path = model_config_path(serving_root)
     server_config = model_server_config_pb2.ModelServerConfig()
-    if os.path.isfile(path):
+    if tf.io.gfile.exists(path):
         server_config = read_model_server_config(path)
     entries = server_config.model_config_list.config
     existing = [m for m in entries if m.name == config.model_name]
@@ -119,11 +114,11 @@ def write_serving_configs(serving_root: str, config: ServingConfig) -> dict[str,
     else:
         entries.append(model_entry(serving_root, config.model_name, config.num_versions))
     for entry in entries:  # a hand-edited entry must not point outside the root either
-        if os.path.realpath(entry.base_path) != safe_base_path(serving_root, entry.name):
+        if resolved_path(entry.base_path) != safe_base_path(serving_root, entry.name):
             raise ModelConfigError(f"model {entry.name!r}: base_path {entry.base_path} is not <serving root>/{entry.name}")
     write_model_server_config(path, server_config)
     batching = os.path.join(serving_root, BATCHING_CONFIG_FILE)
     monitoring = os.path.join(serving_root, MONITORING_CONFIG_FILE)
-    _write_text(batching, batching_parameters(config))
-    _write_text(monitoring, monitoring_config())
+    write_textproto(batching, batching_parameters(config))
+    write_textproto(monitoring, monitoring_config())
     return {"models.config": path, BATCHING_CONFIG_FILE: batching, MONITORING_CONFIG_FILE: monitoring}

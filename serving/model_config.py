@@ -42,8 +42,8 @@ def safe_base_path(serving_root: str, name: str) -> str:
     check_model_name(name)
     if is_remote(serving_root):  # no links in object stores; a plain name cannot climb out
         return f"{serving_root.rstrip('/')}/{name}"
-    root = os.path.realpath(serving_root)
-    base = os.path.realpath(os.path.join(root, name))
+    root = resolved_path(serving_root)
+    base = resolved_path(os.path.join(root, name))
     if os.path.dirname(base) != root:
         raise ModelConfigError(f"model {name!r}: base path {base} escapes the serving root {root}")
     return base
@@ -71,15 +71,24 @@ def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerCo
     return config
 
 
-def write_model_server_config(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
+def write_textproto(path: str, message) -> None:
     """Writes a temporary file and renames it over `path`, so a polling server never reads half
     a file (also on object stores, where the rename replaces the object whole)."""
     folder = os.path.dirname(path)
     tf.io.gfile.makedirs(folder)
-    tmp = os.path.join(folder, f".{MODEL_CONFIG_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(text_format.MessageToString(config))
+        f.write(text_format.MessageToString(message))
     tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_model_server_config(path: str, config: model_server_config_pb2.ModelServerConfig) -> None:
+    write_textproto(path, config)
+
+
+def resolved_path(path: str) -> str:
+    """A local path with links resolved; a remote URI as it is (object stores have no links)."""
+    return path if is_remote(path) else os.path.realpath(path)
 
 
 def find_model(config: model_server_config_pb2.ModelServerConfig, name: str):

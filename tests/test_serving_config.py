@@ -56,3 +56,21 @@ def test_server_refuses_models_outside_the_serving_root(tmp_path, caplog):
     assert "refusing model 'escape'" in caplog.text and "not inside the serving root" in caplog.text
     assert "refusing model '../outside'" in caplog.text and "not a plain name" in caplog.text
     assert manager._models == {}
+
+
+def test_configs_are_written_under_a_remote_root():
+    """A pipeline root on an object store (gs://... on a cluster): the files go through tf.io.gfile.
+    TensorFlow's in-memory filesystem (ram://) stands in for the bucket."""
+    import tensorflow as tf
+
+    root = "ram://loopline-config-test/serving"
+    tf.io.gfile.makedirs(f"{root}/penguins/3")
+    with tf.io.gfile.GFile(f"{root}/penguins/3/saved_model.pb", "wb") as f:
+        f.write(b"x")
+    paths = write_serving_configs(root, ServingConfig())
+    entry = read_model_server_config(paths["models.config"]).model_config_list.config[0]
+    assert entry.base_path == f"{root}/penguins"
+    assert read_textproto(paths["monitoring.config"], MonitoringConfig).prometheus_config.enable
+    set_version_labels(paths["models.config"], "penguins", {"stable": 3})
+    write_serving_configs(root, ServingConfig())
+    assert dict(read_model_server_config(paths["models.config"]).model_config_list.config[0].version_labels) == {"stable": 3}
