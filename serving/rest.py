@@ -174,7 +174,11 @@ def _examples_request(manager: ModelManager, spec, body: dict, request):
     spec.signature_name = body.get("signature_name", "")
     with manager.resolve(spec) as servable:
         kinds = servable.description.get("features", {})
+        version = servable.version
     request.model_spec.CopyFrom(spec)
+    # The examples are built with this version's feature kinds: run them on the same version,
+    # even if a newer one is swapped in meanwhile (the label or "latest" is resolved once).
+    request.model_spec.version.value = version
     context = body.get("context")
     target = request.input.example_list_with_context if context else request.input.example_list
     if context:
