@@ -115,9 +115,7 @@ def register_pipeline_run(reg: Registration) -> RegistrationResult:
         run_id = client.create_run(experiment_id, tags=tags, run_name=reg.pipeline_name).info.run_id
     run = client.get_run(run_id)
 
-    tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags()}
-    if reg.git_commit:
-        tags.update({TAG_GIT_COMMIT: reg.git_commit, "mlflow.source.git.commit": reg.git_commit})
+    tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags(reg.git_commit)}
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
 

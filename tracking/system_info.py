@@ -52,7 +52,8 @@ def current_commit() -> str | None:
     return os.environ.get(COMMIT_ENV) or git_commit()
 
 
-def system_tags() -> dict[str, str]:
+def system_tags(commit: str | None = None) -> dict[str, str]:
+    """Package versions, platform, host, devices and the git commit (`commit`, else looked up)."""
     tags = {f"system.version.{name}": version for name, version in package_versions().items()}
     tags["system.python"] = platform.python_version()
     tags["system.platform"] = platform.platform()
@@ -60,7 +61,7 @@ def system_tags() -> dict[str, str]:
     found = devices()
     if found:
         tags["system.devices"] = ",".join(found)
-    commit = current_commit()
+    commit = commit or current_commit()
     if commit:
         tags["loopline.git_commit"] = commit
         tags["mlflow.source.git.commit"] = commit
