@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ml_metadata.proto import metadata_store_pb2
-
 from pipeline.config import LooplineConfig
-from pipeline.local_runner import open_store
+from pipeline.local_runner import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
 from validation.anomalies import problems_of, read_anomalies
 from validation.report import write_report
@@ -25,17 +23,9 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
     """Writes the report of the newest pipeline run; returns the HTML page's path."""
     if not os.path.isfile(metadata_path(config)):
         raise FileNotFoundError(f"no pipeline runs yet under {config.pipeline.root} (run `loopline run` first)")
-    store = open_store(config)
-    runs = store.get_contexts_by_type("pipeline_run")
-    if not runs:
+    run, newest = newest_run_artifacts(open_store(config))
+    if run is None:
         raise FileNotFoundError(f"no pipeline runs recorded in {metadata_path(config)}")
-    run = max(runs, key=lambda c: c.id)
-    types = {t.id: t.name for t in store.get_artifact_types()}
-    newest: dict[str, metadata_store_pb2.Artifact] = {}
-    for artifact in store.get_artifacts_by_context(run.id):
-        name = types[artifact.type_id]
-        if name not in newest or artifact.id > newest[name].id:
-            newest[name] = artifact
     statistics = newest.get("ExampleStatistics")
     if statistics is None:
         raise FileNotFoundError(f"the newest run ({run.name}) has no statistics; did StatisticsGen run?")

@@ -49,19 +49,29 @@ def open_store(config: LooplineConfig) -> metadata_store.MetadataStore:
     return metadata_store.MetadataStore(connection)
 
 
+def newest_run_artifacts(store: metadata_store.MetadataStore):
+    """The newest pipeline run's context and its newest artifact of each type ({type name: artifact});
+    (None, {}) when no run is recorded."""
+    runs = store.get_contexts_by_type("pipeline_run")
+    if not runs:
+        return None, {}
+    run = max(runs, key=lambda c: c.id)
+    types = {t.id: t.name for t in store.get_artifact_types()}
+    newest: dict[str, metadata_store_pb2.Artifact] = {}
+    for artifact in store.get_artifacts_by_context(run.id):
+        name = types[artifact.type_id]
+        if name not in newest or artifact.id > newest[name].id:
+            newest[name] = artifact
+    return run, newest
+
+
 def summarize_last_run(config: LooplineConfig) -> RunSummary:
     """Reads the newest pipeline run's executions and artifacts back from ML Metadata."""
     store = open_store(config)
-    run = max(store.get_contexts_by_type("pipeline_run"), key=lambda c: c.id)
-    artifacts = store.get_artifacts_by_context(run.id)
-    types = {t.id: t.name for t in store.get_artifact_types()}
-    by_type: dict[str, list] = {}
-    for artifact in artifacts:
-        by_type.setdefault(types[artifact.type_id], []).append(artifact)
-
-    def newest(type_name):
-        found = by_type.get(type_name, [])
-        return max(found, key=lambda a: a.id) if found else None
+    run, artifacts = newest_run_artifacts(store)
+    if run is None:
+        raise RuntimeError(f"no pipeline run recorded in {metadata_path(config)}")
+    newest = artifacts.get
 
     executions = {}
     state_names = metadata_store_pb2.Execution.State.Name

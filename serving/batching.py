@@ -4,8 +4,8 @@ No batching threads: the request threads take turns. A request that finds fewer 
 `num_batch_threads` batches running runs at once in its own thread, taking along every compatible
 request queued so far (up to `max_batch_size` rows), and hands the results to their threads. A
 request that finds them all busy queues; when a batch ends, the oldest queued request is woken to
-run the next one. So a request never waits for partners that are not there (a lone request pays one
-uncontended lock), under load the model sees large batches, and no request crosses more than one
+run the next one. So a request never waits for partners that are not there (a lone request pays two
+uncontended locks), under load the model sees large batches, and no request crosses more than one
 thread hand-off. `batch_timeout_micros` is TF Serving's knob (written to batching.config for it);
 here the running batch is the timeout.
 """
