@@ -3,8 +3,6 @@ as raw bytes (one copy), and every size is checked before anything is allocated,
 claiming a huge shape is refused instead of exhausting memory."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
@@ -39,9 +37,11 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     shape = [d.size for d in proto.tensor_shape.dim]
     if shape and min(shape) < 0:
         raise invalid(f"input '{name}': negative dimension in shape {shape}")
-    count = math.prod(shape)  # exact (Python ints), so a huge claimed shape cannot wrap around
-    if count > max_elements:
-        raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
+    count = 1
+    for s in shape:  # stops at the limit: a proto may claim very many huge dimensions
+        count *= s
+        if count > max_elements:
+            raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
     if proto.dtype == types_pb2.DT_STRING:
         values = proto.string_val
         if len(values) == count:
