@@ -86,6 +86,12 @@ def test_string_inputs_convert_to_builtins_and_match(exported, trained):
     saved = tflite.run_saved_model(tf.saved_model.load(str(serving)).signatures["predict_raw"], features)
     np.testing.assert_allclose(lite["scores"], saved["scores"], atol=1e-5)
     assert list(lite["classes"][0]) == list(saved["classes"][0])
+    # An infinite number reads as missing too, in both.
+    features["bill_length_mm"] = np.array([[-np.inf]], np.float32)
+    model_bytes = (artifact / TFLITE_DIR / "model_float32.tflite").read_bytes()
+    np.testing.assert_allclose(tflite.run_tflite(model_bytes, features)["scores"], lite["scores"], atol=1e-6)
+    signature = tf.saved_model.load(str(serving)).signatures["predict_raw"]
+    np.testing.assert_allclose(tflite.run_saved_model(signature, features)["scores"], saved["scores"], atol=1e-6)
 
 
 def test_warmup_requests_replay_on_the_saved_model(exported):

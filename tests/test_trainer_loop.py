@@ -86,13 +86,28 @@ def test_ema_weights_are_evaluated_and_returned(regression):
     assert frozen.metrics["target_rmse"] > 1.5 * plain.metrics["target_rmse"]
 
 
-def test_nan_guard_stops_naming_the_step_or_skips(tmp_path):
-    splits = regression_splits(tmp_path, inf_every=2)
-    with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step 1\b"):
-        train(TrainerConfig(epochs=1), *splits, "target")
-    result = train(TrainerConfig(epochs=1, nan_policy="skip"), *splits, "target", work_dir=str(tmp_path / "w"))
+def test_nan_guard_stops_naming_the_step_or_skips(regression, tmp_path):
+    # A learning rate this large throws the weights out in the first update: step 2's loss overflows.
+    diverging = TrainerConfig(epochs=1, learning_rate=1e37)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step 2\b"):
+        train(diverging, *regression, "target")
+    result = train(diverging.model_copy(update={"nan_policy": "skip"}), *regression, "target", work_dir=str(tmp_path / "w"))
     assert all(np.isfinite(w).all() for w in weights(result))
     assert sum(read_events(tmp_path / "w" / "tensorboard" / "train")["skipped_steps"]) > 0
+
+
+def test_infinite_feature_values_count_as_missing(tmp_path, caplog):
+    """One inf in a column must not poison its mean/std (every answer NaN): it reads as missing."""
+    splits = regression_splits(tmp_path, inf_every=2)
+    with caplog.at_level(logging.WARNING, logger="loopline.trainer"):
+        result = train(TrainerConfig(epochs=2), *splits, "target")
+    assert "infinite values (counted as missing, like NaN): {'x0': 256}" in caplog.text
+    assert np.isfinite(result.stats.numbers["x0"]).all() and result.stats.missing["x0"] == 256
+    # nan_policy "stop" (the default) raised for no step, and the model learned from the other columns.
+    assert np.isfinite(result.metrics["target_rmse"]) and result.metrics["target_rmse"] < 0.7 * result.heads[0].std
+    rows = {f"x{i}": tf.constant([[np.inf], [-np.inf], [np.nan]]) if i == 0 else tf.zeros([3, 1]) for i in range(4)}
+    answers = np.asarray(result.model(rows)["target"])
+    assert np.isfinite(answers).all() and answers[0] == answers[1] == answers[2]
 
 
 def test_seeded_deterministic_runs_are_identical(regression):

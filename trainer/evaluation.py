@@ -61,7 +61,7 @@ def head_metrics(heads: list[Head], predictions: dict[str, np.ndarray], labels: 
             metrics[f"{head.name}_accuracy"] = float((prediction.argmax(axis=1) == target)[mask].sum() / count)
         else:
             target = raw.astype(np.float64)
-            mask = ~np.isnan(target)
+            mask = np.isfinite(target)
             error = prediction.reshape(-1) - np.where(mask, target, 0.0)
             losses = np.square(error / head.std)
             count = max(int(mask.sum()), 1)

@@ -1,18 +1,21 @@
 """Feature handling shared by training and serving: the raw feature kinds, parsing serialized
 tf.Examples into `[batch, 1]` tensors, training-split statistics, and the encoder layer.
 
-Numbers travel as float32 with NaN for a missing value; strings as tf.string with "" for
+Numbers travel as float32 with NaN for a missing value (an infinite one counts as missing too); strings as tf.string with "" for
 missing. The encoder turns them into one dense vector with constants only (no lookup tables),
 so the same graph converts to TFLite builtins.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+log = logging.getLogger("loopline.trainer")
 
 # The stored dtype of each feature in the tf.Examples: "int64", "float32" or "string".
 FeatureKinds = dict[str, str]
@@ -110,6 +113,7 @@ def compute_stats(batches, kinds: FeatureKinds) -> FeatureStats:
     squares = dict(sums)
     present = {n: 0 for n in kinds}
     counts: dict[str, dict[str, int]] = {n: {} for n, k in kinds.items() if k == "string"}
+    infinite = {n: 0 for n in sums}
     total = 0
     for batch in batches:
         size = next(iter(batch.values())).shape[0]
@@ -117,7 +121,9 @@ def compute_stats(batches, kinds: FeatureKinds) -> FeatureStats:
         for name, kind in kinds.items():
             values = np.asarray(batch[name]).reshape(-1)
             if is_number(kind):
-                ok = values[~np.isnan(values)].astype(np.float64)
+                finite = np.isfinite(values)
+                ok = values[finite].astype(np.float64)
+                infinite[name] += int(values.size - finite.sum() - np.isnan(values).sum())
                 sums[name] += ok.sum()
                 squares[name] += (ok**2).sum()
                 present[name] += ok.size
@@ -127,6 +133,9 @@ def compute_stats(batches, kinds: FeatureKinds) -> FeatureStats:
                         text = value.decode() if isinstance(value, bytes) else str(value)
                         counts[name][text] = counts[name].get(text, 0) + 1
                         present[name] += 1
+    bad = {name: n for name, n in infinite.items() if n}
+    if bad:
+        log.warning("infinite values (counted as missing, like NaN): %s", bad)
     stats = FeatureStats(count=total)
     for name in sums:
         n = max(present[name], 1)
@@ -154,7 +163,10 @@ class TabularEncoder(keras.layers.Layer):
         parts = []
         for name, (mean, std) in sorted(self.numbers.items()):
             x = tf.cast(features[name], tf.float32)
-            missing = tf.math.is_nan(x)
+            # NaN (missing) and +-inf both read as missing: one inf must not turn every answer into
+            # NaN. (Not `!(abs(x) < inf)`: Grappler and the TFLite converter rewrite that to
+            # `abs(x) >= inf`, which lets NaN through.)
+            missing = tf.logical_not(tf.math.is_finite(x))
             z = tf.where(missing, tf.zeros_like(x), (x - mean) / std)
             parts += [z, tf.cast(missing, tf.float32)]
         for name, vocabulary in sorted(self.strings.items()):

@@ -58,7 +58,7 @@ class Head:
             safe = tf.where(mask, target, 0)
             loss = keras.losses.sparse_categorical_crossentropy(safe, prediction)
         else:
-            mask = ~tf.math.is_nan(target)
+            mask = tf.math.is_finite(target)  # NaN: no label; inf: no usable one
             safe = tf.where(mask, target, 0.0)
             loss = tf.square((tf.reshape(prediction, [-1]) - safe) / self.std)
         maskf = tf.cast(mask, tf.float32)
