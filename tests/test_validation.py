@@ -129,6 +129,22 @@ def test_out_of_range_and_missing_rate(tmp_path):
     assert "30%" in found[("size", "FEATURE_TYPE_LOW_FRACTION_PRESENT")]
 
 
+def test_infinite_values(tmp_path):
+    """An inf (a division by zero upstream) is reported where the inferred schema disallows it, and
+    the statistics keep it out of the mean."""
+    bad = rows(100, seed=5)
+    bad[7]["size"] = float("-inf")
+    stats = stats_of(tmp_path, "bad", bad)
+    size = next(f for f in stats.features if f.name == "size").num_stats
+    assert size.min == float("-inf") and np.isfinite(size.mean) and np.isfinite(size.std_dev)
+    _, found = check(tmp_path, rows(300), bad)
+    assert "'size' has infinite values" in found[("size", "FLOAT_TYPE_HAS_INF")]
+    allowed = infer_schema(stats_of(tmp_path, "train", rows(300)), ValidationConfig())
+    next(f for f in allowed.feature if f.name == "size").float_domain.disallow_inf = False
+    _, found = check(tmp_path, rows(300), bad, schema=allowed)
+    assert ("size", "FLOAT_TYPE_HAS_INF") not in found
+
+
 def test_skew_linf_for_categories_and_js_for_numbers(tmp_path):
     _, found = check(tmp_path, rows(300), rows(150, seed=4, shift=6.0, colors=("red",) * 8 + ("green", "blue")))
     assert "Jensen-Shannon" in found[("size", "COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH")]

@@ -9,6 +9,7 @@ Each anomaly's description names a few offending values so a report is readable 
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -163,6 +164,10 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
                 kind = T.INT_TYPE_BIG_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_BIG_FLOAT
                 out.add(name, kind, "Out-of-range values",
                         f"'{name}' has values up to {high:g}, above the maximum {domain.max:g}.")
+            if feature.float_domain.disallow_inf and (math.isinf(low) or math.isinf(high)):
+                out.add(name, T.FLOAT_TYPE_HAS_INF, "Infinite values",
+                        f"'{name}' has infinite values ({low:g} to {high:g}); the schema's float_domain disallows "
+                        f"them (set disallow_inf: false to let the trainer read them as missing).")
 
 
 def _check_skew(out: _Collector, feature, stats, baseline, baseline_name: str, config: ValidationConfig) -> None:

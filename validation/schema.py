@@ -61,6 +61,8 @@ def infer_schema(stats: statistics_pb2.DatasetFeatureStatistics, config: Validat
             feature.skew_comparator.infinity_norm.threshold = config.max_linf_distance
         else:
             feature.skew_comparator.jensen_shannon_divergence.threshold = config.max_js_divergence
+            if feature.type == schema_pb2.FLOAT:
+                feature.float_domain.disallow_inf = True  # an inf is a broken value upstream; allow it here if not
             if config.infer_ranges and feature_stats.num_stats.common_stats.num_non_missing:
                 low, high = feature_stats.num_stats.min, feature_stats.num_stats.max
                 if feature.type == schema_pb2.INT:

@@ -119,11 +119,13 @@ def _numeric(name: str, column: _Column, total: int) -> statistics_pb2.FeatureNa
     values = np.concatenate(column.values).astype(np.float64) if column.values else np.zeros(0)
     finite = values[np.isfinite(values)]
     stats = statistics_pb2.NumericStatistics(common_stats=_common(column, total))
+    numbers = values[~np.isnan(values)]
+    if numbers.size:  # min and max show infinities, as TFDV's do; the rest is of the finite values
+        stats.min = float(numbers.min())
+        stats.max = float(numbers.max())
     if finite.size:
         stats.mean = float(finite.mean())
         stats.std_dev = float(finite.std())
-        stats.min = float(finite.min())
-        stats.max = float(finite.max())
         stats.median = float(np.median(finite))
         stats.num_zeros = int(np.count_nonzero(finite == 0))
     stats.histograms.append(_standard_histogram(finite))
