@@ -3,7 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import subprocess_env
 from pipeline.cli import main

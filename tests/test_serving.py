@@ -31,7 +31,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
-from serving.model_config import set_version_labels, write_model_server_config
+from serving.model_config import set_version_labels
 from tests.conftest import REPO, subprocess_env
 from tests.serving_helpers import ServerProcess, add_version, example, export_model, wait_for
 

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -4,8 +4,6 @@ is blessed when its metrics pass the absolute thresholds and do not regress agai
 from __future__ import annotations
 
 import json
-import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,11 +12,10 @@ import tensorflow as tf
 
 from trainer.export_config import EvaluatorConfig
 from trainer.features import parse_examples
-from trainer.heads import CLASSIFICATION, Head
+from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import record_dataset
 
 SIGNATURE_FILE = "loopline_signature.json"  # Written by trainer.export next to the warmup file.
-_EPSILON = 1e-7  # Keras' cross-entropy clipping, so these losses match the trainer's.
 
 
 def read_signature(saved_model_dir: str) -> tuple[dict[str, str], list[Head]]:
@@ -43,34 +40,12 @@ def label_kinds(heads: list[Head]) -> dict[str, str]:
 
 
 def head_metrics(heads: list[Head], predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> dict[str, float]:
-    """Same names and definitions as the trainer's evaluation: `<head>_loss`, `<head>_accuracy`
-    or `<head>_rmse`, `<head>_examples` and the weighted total `loss`. Rows without a label
-    are left out of that head."""
-    metrics: dict[str, float] = {}
-    total = 0.0
-    for head in heads:
-        prediction = np.asarray(predictions[head.name], np.float64)
-        raw = np.asarray(labels[head.name]).reshape(-1)
-        if head.kind == CLASSIFICATION:
-            index = {v: i for i, v in enumerate(head.vocabulary)}
-            target = np.array([index.get(v.decode() if isinstance(v, bytes) else str(v), -1) for v in raw])
-            mask = target >= 0
-            chosen = prediction[np.arange(len(target)), np.where(mask, target, 0)]
-            losses = -np.log(np.clip(chosen, _EPSILON, 1 - _EPSILON))
-            count = max(int(mask.sum()), 1)
-            metrics[f"{head.name}_accuracy"] = float((prediction.argmax(axis=1) == target)[mask].sum() / count)
-        else:
-            target = raw.astype(np.float64)
-            mask = np.isfinite(target)
-            error = prediction.reshape(-1) - np.where(mask, target, 0.0)
-            losses = np.square(error / head.std)
-            count = max(int(mask.sum()), 1)
-            metrics[f"{head.name}_rmse"] = float(math.sqrt(np.square(error[mask]).sum() / count))
-        metrics[f"{head.name}_loss"] = float(losses[mask].sum() / count)
-        metrics[f"{head.name}_examples"] = float(mask.sum())
-        total += head.weight * metrics[f"{head.name}_loss"]
-    metrics["loss"] = total
-    return metrics
+    """The trainer's evaluation metrics (HeadTotals) of predictions by head name against the raw
+    label columns (`[rows, 1]`, as parse_examples gives them)."""
+    totals = HeadTotals(heads)
+    totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in heads},
+               {h.name: tf.constant(predictions[h.name], tf.float32) for h in heads})
+    return totals.metrics()
 
 
 def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:

@@ -1,6 +1,8 @@
-"""Model heads: what each output predicts, how its label is encoded and how its loss is taken."""
+"""Model heads: what each output predicts, how its label is encoded, how its loss is taken and
+how it is evaluated."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import keras
@@ -63,3 +65,48 @@ class Head:
             loss = tf.square((tf.reshape(prediction, [-1]) - safe) / self.std)
         maskf = tf.cast(mask, tf.float32)
         return loss * maskf, maskf
+
+
+class HeadTotals:
+    """Each head's evaluation metrics summed over batches; one definition for the trainer's
+    evaluation, the Evaluator and the TFLite parity check: `<head>_loss`, `<head>_accuracy` or
+    `<head>_rmse`, `<head>_examples` and the weighted total `loss`. Rows without a label are left
+    out of that head."""
+
+    def __init__(self, heads: list[Head]):
+        self.heads = heads
+        self._sums: dict[str, float] = {}
+
+    def _add(self, key: str, value) -> None:
+        self._sums[key] = self._sums.get(key, 0.0) + float(value)
+
+    def add(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> None:
+        """`targets`: encoded labels by head name (`Head.encode_label`); `outputs`: the model's, by head name."""
+        for head in self.heads:
+            target, prediction = targets[head.name], outputs[head.name]
+            loss, mask = head.per_example_loss(target, prediction)
+            self._add(f"{head.name}/loss_sum", tf.reduce_sum(loss))
+            self._add(f"{head.name}/count", tf.reduce_sum(mask))
+            if head.kind == CLASSIFICATION:
+                predicted = tf.argmax(prediction, axis=-1, output_type=tf.int32)
+                self._add(f"{head.name}/correct", tf.reduce_sum(tf.cast(predicted == target, tf.float32) * mask))
+            else:
+                error = (tf.reshape(prediction, [-1]) - tf.where(mask > 0, target, 0.0)) * mask
+                self._add(f"{head.name}/squared_error", tf.reduce_sum(tf.square(error)))
+
+    def metrics(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        total = 0.0
+        for head in self.heads:
+            examples = self._sums.get(f"{head.name}/count", 0.0)
+            count = max(examples, 1.0)
+            metrics[f"{head.name}_loss"] = self._sums.get(f"{head.name}/loss_sum", 0.0) / count
+            total += head.weight * metrics[f"{head.name}_loss"]
+            if head.kind == CLASSIFICATION:
+                metrics[f"{head.name}_accuracy"] = self._sums.get(f"{head.name}/correct", 0.0) / count
+            else:
+                metrics[f"{head.name}_rmse"] = math.sqrt(self._sums.get(f"{head.name}/squared_error", 0.0) / count)
+            metrics[f"{head.name}_examples"] = examples
+        if self.heads:
+            metrics["loss"] = total
+        return metrics

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from trainer import optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
-from trainer.heads import CLASSIFICATION, Head
+from trainer.heads import Head, HeadTotals
 from trainer.inputs import make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
@@ -76,47 +75,22 @@ def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf
 def evaluate(model: keras.Model, heads: list[Head], dataset: tf.data.Dataset, metrics_fn: Callable | None = None) -> dict[str, float]:
     """Loss per head, accuracy (classification) and RMSE (regression) over a whole split, plus
     the module's own `metrics(targets, outputs)` (batch means, weighted by batch size)."""
-    sums: dict[str, float] = {}
     if not heads and metrics_fn is None:
         return {}  # nothing to measure (e.g. a GAN module without `metrics`)
-
-    def add(key, value):
-        sums[key] = sums.get(key, 0.0) + float(value)
-
+    totals = HeadTotals(heads)
+    user: dict[str, float] = {}
+    examples = 0
     predict = tf.function(lambda features: model(features, training=False), reduce_retracing=True)
     for features, targets in dataset:
         outputs = predict(features)
         size = int(next(iter(features.values())).shape[0])
-        add("examples", size)
-        for head in heads:
-            loss, mask = head.per_example_loss(targets[head.name], outputs[head.name])
-            add(f"{head.name}/loss_sum", tf.reduce_sum(loss))
-            add(f"{head.name}/count", tf.reduce_sum(mask))
-            if head.kind == CLASSIFICATION:
-                predicted = tf.argmax(outputs[head.name], axis=-1, output_type=tf.int32)
-                add(f"{head.name}/correct", tf.reduce_sum(tf.cast(predicted == targets[head.name], tf.float32) * mask))
-            else:
-                error = (tf.reshape(outputs[head.name], [-1]) - tf.where(mask > 0, targets[head.name], 0.0)) * mask
-                add(f"{head.name}/squared_error", tf.reduce_sum(tf.square(error)))
+        examples += size
+        totals.add(targets, outputs)
         if metrics_fn is not None:
             for key, value in metrics_fn(targets, outputs).items():
-                add(f"user/{key}", float(value) * size)
-    metrics: dict[str, float] = {}
-    total = 0.0
-    for head in heads:
-        count = max(sums.get(f"{head.name}/count", 0.0), 1.0)
-        metrics[f"{head.name}_loss"] = sums.get(f"{head.name}/loss_sum", 0.0) / count
-        total += head.weight * metrics[f"{head.name}_loss"]
-        if head.kind == CLASSIFICATION:
-            metrics[f"{head.name}_accuracy"] = sums.get(f"{head.name}/correct", 0.0) / count
-        else:
-            metrics[f"{head.name}_rmse"] = float(np.sqrt(sums.get(f"{head.name}/squared_error", 0.0) / count))
-        metrics[f"{head.name}_examples"] = count
-    for key in sums:
-        if key.startswith("user/"):
-            metrics[key[5:]] = sums[key] / max(sums["examples"], 1.0)
-    if heads:
-        metrics["loss"] = total
+                user[key] = user.get(key, 0.0) + float(value) * size
+    metrics = totals.metrics()
+    metrics.update({key: value / max(examples, 1) for key, value in user.items()})
     return metrics
 
 
