@@ -28,7 +28,7 @@ def read_signature(saved_model_dir: str) -> tuple[dict[str, str], list[Head]]:
 
 
 def prediction_key(heads: list[Head], head: Head) -> str:
-    """The signature output holding a head's prediction (see trainer.export.named_outputs)."""
+    """The signature output holding a head's prediction (trainer.export.named_outputs names them so)."""
     first = head is heads[0]
     if head.kind == CLASSIFICATION:
         return "scores" if first else f"{head.name}_scores"

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluation import SIGNATURE_FILE, label_kinds, read_examples
+from trainer.evaluation import SIGNATURE_FILE, label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
 from trainer.features import FeatureKinds, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
@@ -30,17 +30,16 @@ TFLITE_DIR = "Format-TFLite"
 
 
 def named_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """The signatures' outputs, TF Serving's names for the first head: `classes` and `scores`
+    (classification) or `outputs` (regression); further heads' are prefixed or named after them."""
     named = {}
-    for i, head in enumerate(heads):
+    for head in heads:
         prediction = outputs[head.name]
+        key = prediction_key(heads, head)
         if head.kind == CLASSIFICATION:
             batch = tf.shape(prediction)[0]
-            classes = tf.tile(tf.constant(head.vocabulary)[tf.newaxis, :], [batch, 1])
-            prefix = "" if i == 0 else f"{head.name}_"
-            named[f"{prefix}classes"] = classes
-            named[f"{prefix}scores"] = prediction
-        else:
-            named["outputs" if i == 0 else head.name] = prediction
+            named[key.removesuffix("scores") + "classes"] = tf.tile(tf.constant(head.vocabulary)[tf.newaxis, :], [batch, 1])
+        named[key] = prediction
     return named
 
 
