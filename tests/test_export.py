@@ -112,7 +112,7 @@ def test_warmup_requests_replay_on_the_saved_model(exported):
 def test_exported_metrics_match_training_evaluation(exported, trained):
     result, _, eval_pattern, _ = trained
     _, serving, _ = exported
-    metrics = evaluate_saved_model(str(serving), eval_pattern)
+    metrics = evaluate_saved_model(str(serving), read_examples(eval_pattern))
     assert metrics["species_accuracy"] == pytest.approx(result.metrics["species_accuracy"], abs=1e-6)
     assert metrics["loss"] == pytest.approx(result.metrics["loss"], rel=1e-4)
 

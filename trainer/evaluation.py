@@ -56,13 +56,12 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
     return list(dataset.as_numpy_iterator())
 
 
-def evaluate_saved_model(saved_model_dir: str, eval_pattern: str, limit: int | None = None, batch_size: int = 256) -> dict[str, float]:
-    """Metrics of an exported model, computed from its `serving_default` answers on the eval split."""
-    _, heads = read_signature(saved_model_dir)
+def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size: int = 256,
+                         heads: list[Head] | None = None) -> dict[str, float]:
+    """Metrics of an exported model, computed from its `serving_default` answers on serialized
+    eval examples (`read_examples`). `heads`: its read_signature heads, when already read."""
+    heads = heads if heads is not None else read_signature(saved_model_dir)[1]
     serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
-    examples = read_examples(eval_pattern, limit)
-    if not examples:
-        raise ValueError(f"no eval examples in {eval_pattern}")
     predictions: dict[str, list] = {h.name: [] for h in heads}
     labels: dict[str, list] = {h.name: [] for h in heads}
     for start in range(0, len(examples), batch_size):
@@ -144,19 +143,24 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
 
 
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig) -> Blessing:
-    """Evaluates the candidate and the champion (a SavedModel folder, None when there is none)."""
-    candidate = evaluate_saved_model(candidate_dir, eval_pattern, config.eval_examples)
+    """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
+    the same eval examples, read once."""
+    examples = read_examples(eval_pattern, config.eval_examples)
+    if not examples:
+        raise ValueError(f"no eval examples in {eval_pattern}")
+    heads = read_signature(candidate_dir)[1]
+    candidate = evaluate_saved_model(candidate_dir, examples, heads=heads)
     if not config.compare_to_champion:
         champion_dir = None
     champion, problem = None, None
     if champion_dir is not None:
-        theirs = [h.name for h in read_signature(champion_dir)[1]] if _is_loopline_export(champion_dir) else None
-        ours = [h.name for h in read_signature(candidate_dir)[1]]
-        if theirs is not None and theirs != ours:
-            problem = f"{champion_dir} predicts {theirs}, the candidate {ours}: metrics are not comparable"
+        theirs = read_signature(champion_dir)[1] if _is_loopline_export(champion_dir) else None
+        ours = [h.name for h in heads]
+        if theirs is not None and [h.name for h in theirs] != ours:
+            problem = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
             return decide(candidate, None, config, champion_dir, problem)
         try:
-            champion = evaluate_saved_model(champion_dir, eval_pattern, config.eval_examples)
+            champion = evaluate_saved_model(champion_dir, examples, heads=theirs)
         except Exception as exc:  # A broken champion must not block its replacement; say so.
             problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
     return decide(candidate, champion, config, champion_dir, problem)
