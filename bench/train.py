@@ -72,7 +72,7 @@ def run() -> dict:
 
     from trainer.config import TrainerConfig
     from trainer.features import compute_stats, infer_feature_kinds
-    from trainer.inputs import parsed_batches, training_stream
+    from trainer.inputs import load_in_memory, parsed_batches, training_stream
     from trainer.loop import train
     from trainer.model import ModelContext, build_model, load_module, make_head
 
@@ -100,13 +100,15 @@ def run() -> dict:
 
     def input_rate(in_memory_mb: int) -> float:
         input_config = config.input.model_copy(update={"in_memory_mb": in_memory_mb})
-        iterator = iter(training_stream(train_path, kinds, heads, BATCH, input_config, seed=0))
+        columns = load_in_memory(train_path, kinds, input_config, BATCH)
+        iterator = iter(training_stream(train_path, kinds, heads, BATCH, input_config, seed=0, columns=columns))
         drain(iterator, tf.constant(steps_per_epoch))  # fills the record cache
         started = time.perf_counter()
         drain(iterator, tf.constant(steps_per_epoch))
         return steps_per_epoch * BATCH / (time.perf_counter() - started)
 
     # fit on the same stream and model, default settings and at its best.
+    in_memory = load_in_memory(train_path, kinds, config.input, BATCH)
     ctx = ModelContext({k: v for k, v in kinds.items() if k != "label"}, stats, heads)
 
     def fit_rate(**compile_args) -> float:
@@ -122,7 +124,7 @@ def run() -> dict:
             def on_epoch_end(self, epoch, logs=None):
                 times.append(time.perf_counter() - self.started)
 
-        data = training_stream(train_path, kinds, heads, BATCH, config.input, seed=0)
+        data = training_stream(train_path, kinds, heads, BATCH, config.input, seed=0, columns=in_memory)
         model.fit(data, epochs=EPOCHS, steps_per_epoch=steps_per_epoch, callbacks=[Timer()], verbose=0)
         return steps_per_epoch * BATCH / statistics.median(times[1:])
 

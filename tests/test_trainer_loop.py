@@ -159,15 +159,18 @@ def test_unrolled_steps_train_like_single_steps(regression):
 
 def test_in_memory_stream_is_a_full_shuffle_per_epoch(regression):
     from trainer.features import compute_stats, infer_feature_kinds
-    from trainer.inputs import parsed_batches, training_stream
+    from trainer.inputs import column_batches, load_in_memory, parsed_batches, training_stream
     from trainer.model import make_head
 
     kinds = infer_feature_kinds(regression[0])
-    heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(regression[0], kinds), kinds))]
+    stats = compute_stats(parsed_batches(regression[0], kinds), kinds)
+    heads = [make_head("target", kinds["target"], stats)]
 
     def epochs(in_memory_mb, skip=0):
-        stream = training_stream(regression[0], kinds, heads, 64, TrainerConfig().input.model_copy(
-            update={"in_memory_mb": in_memory_mb}), seed=1, skip_batches=skip)
+        config = TrainerConfig().input.model_copy(update={"in_memory_mb": in_memory_mb})
+        columns = load_in_memory(regression[0], kinds, config, 64)
+        assert (columns is not None) == bool(in_memory_mb)
+        stream = training_stream(regression[0], kinds, heads, 64, config, seed=1, skip_batches=skip, columns=columns)
         targets = [t["target"].numpy() for _, t in stream.take(16 - skip)]
         return np.concatenate(targets).reshape(2 - skip // 8, 512)
 
@@ -175,6 +178,9 @@ def test_in_memory_stream_is_a_full_shuffle_per_epoch(regression):
     assert sorted(first) == sorted(second) == sorted(epochs(0).ravel()[:512])  # every row once per epoch
     assert not np.array_equal(first, second)  # reshuffled
     np.testing.assert_array_equal(epochs(512, skip=8)[0], second)  # resume skips into the same order
+    # The statistics from the held columns are the ones a separate pass over the records gives.
+    columns = load_in_memory(regression[0], kinds, TrainerConfig().input, 64)
+    assert compute_stats(column_batches(columns), kinds) == stats
 
 
 def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):

@@ -47,20 +47,48 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def parsed_columns(file_pattern: str, kinds: FeatureKinds, heads: list[Head], max_bytes: int):
-    """The whole split parsed (features, encoded targets) as column tensors of `[rows, ...]`, or
-    None when they would take more than `max_bytes` (or the split is empty)."""
+_CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
+
+
+def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> dict[str, tf.Tensor] | None:
+    """The whole split parsed, every column (labels included) a `[rows, 1]` tensor, or None when
+    they would take more than `max_bytes` (or the split is empty)."""
     chunks, size = [], 0
-    for features, targets in record_dataset(file_pattern).batch(8192).map(_splitter(kinds, heads)):
-        for column in [*features.values(), *targets.values()]:
+    for parsed in record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds)):
+        for column in parsed.values():
             size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
                 if column.dtype == tf.string else column.dtype.size * int(tf.size(column))
         if size > max_bytes:
             return None
-        chunks.append((features, targets))
+        chunks.append(parsed)
     if not chunks:
         return None
-    return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *chunks)
+    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in kinds}
+
+
+def _rows(columns: dict[str, tf.Tensor]) -> int:
+    return int(tf.shape(next(iter(columns.values())))[0])
+
+
+def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int) -> dict[str, tf.Tensor] | None:
+    """The training split parsed once (`parsed_columns`) when it fits `config.in_memory_mb` and
+    holds a batch; None when it is to be streamed. Logs which, and why."""
+    if not config.in_memory_mb:
+        log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
+        return None
+    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20)
+    if columns is not None and _rows(columns) >= batch_size:
+        log.info("training split parsed once and held in memory (%d rows)", _rows(columns))
+        return columns
+    log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
+             else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
+    return None
+
+
+def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _CHUNK):
+    """Parsed columns as NumPy batches, as `parsed_batches` gives them (for statistics)."""
+    for start in range(0, _rows(columns), batch_size):
+        yield {name: column[start:start + batch_size].numpy() for name, column in columns.items()}
 
 
 def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
@@ -89,21 +117,21 @@ def training_stream(
     config: InputConfig,
     seed: int,
     skip_batches: int = 0,
+    columns: dict[str, tf.Tensor] | None = None,
 ) -> tf.data.Dataset:
-    """An endless stream of full (features, targets) batches, reshuffled each epoch.
+    """An endless stream of full (features, targets) batches, reshuffled each epoch: from
+    `columns` (`load_in_memory`) when given, else streamed from the records.
 
     With a fixed seed the stream is the same on every run, so resuming skips the batches a
     checkpoint says were consumed and continues exactly where training stopped. Full batches keep
     shapes static (one XLA compilation, even splits across replicas).
     """
-    if config.in_memory_mb:
-        columns = parsed_columns(file_pattern, kinds, heads, config.in_memory_mb * 2**20)
-        rows = int(tf.shape(tf.nest.flatten(columns)[0])[0]) if columns is not None else 0
-        if rows >= batch_size:
-            log.info("training split parsed once and held in memory (%d rows)", rows)
-            return _in_memory_stream(columns, batch_size, seed, skip_batches, config)
-        log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
-                 else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
+    if columns is not None:
+        labels = {head.name for head in heads}
+        features = {name: column for name, column in columns.items() if name not in labels}
+        targets = {head.name: tf.concat([head.encode_label(columns[head.name][start:start + _CHUNK])
+                                         for start in range(0, _rows(columns), _CHUNK)], axis=0) for head in heads}
+        return _in_memory_stream((features, targets), batch_size, seed, skip_batches, config)
     dataset = record_dataset(file_pattern, config)
     if config.cache:
         dataset = dataset.cache()

@@ -21,7 +21,7 @@ from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
 from trainer.heads import Head, HeadTotals
-from trainer.inputs import make_dataset, parsed_batches, training_stream
+from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
     build_models,
@@ -153,7 +153,10 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     for name in labels:
         if name not in all_kinds:
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
-    stats = compute_stats(parsed_batches(train_pattern, all_kinds), all_kinds)
+    # A split that fits in memory is parsed once: the statistics and the training stream share it.
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size)
+    stats = compute_stats(column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds),
+                          all_kinds)
     declared = declared_head_kinds(module)
     heads = [make_head(name, all_kinds[name], stats, declared.get(name)) for name in labels]
     kinds = {k: v for k, v in all_kinds.items() if k not in labels}
@@ -199,7 +202,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     step = checkpoints.restore_latest(step_var)
 
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
-                              skip_batches=int(batches_var.numpy()))
+                              skip_batches=int(batches_var.numpy()), columns=columns)
     # XLA cannot compile strings: with jit_compile and string features, the encoder (constants,
     # no weights) runs in tf.data and the compiled step trains the layers after it.
     stepped = model
