@@ -2,10 +2,11 @@
 cost of the gRPC round trip alone (stock Python server and client on this machine), so the serving
 benchmark can split our overhead into transport and handler.
 
-    python -m bench.grpc_floor PORT
+    python -m bench.grpc_floor PORT [CPU]   (CPU: pin the process to it, as the bench pins ours)
 """
 from __future__ import annotations
 
+import os
 import sys
 from concurrent import futures
 
@@ -30,4 +31,6 @@ def main(port: int) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        os.sched_setaffinity(0, {int(sys.argv[2])})
     main(int(sys.argv[1]))

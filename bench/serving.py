@@ -177,9 +177,11 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
-# The server's settings here: one batch at a time, since the clients take the other core (two
-# batch threads: ~15% fewer requests/s at 16 clients on 2 cores).
-SERVER_SETTINGS = ["serving.batching.num_batch_threads=1"]
+# The server's settings here: the clients share the machine, so the server is pinned to one core
+# (serving.cpus; the last one) and runs one batch at a time (two batch threads: ~15% fewer
+# requests/s at 16 clients on 2 cores). The no-model gRPC server is pinned the same way.
+SERVER_CPU = max(os.sched_getaffinity(0))
+SERVER_SETTINGS = [f"serving.cpus=[{SERVER_CPU}]", "serving.batching.num_batch_threads=1"]
 
 
 def ours(serving_root: Path) -> dict:
@@ -198,7 +200,7 @@ def ours(serving_root: Path) -> dict:
 def grpc_floor() -> dict:
     """The same clients against a server that runs no model (bench/grpc_floor.py), at 1 client."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port)], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port), str(SERVER_CPU)], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         if "serving" not in proc.stdout.readline():

@@ -85,10 +85,23 @@ def _serving_root(config) -> str:
     return os.path.join(config.pipeline.root, "serving")
 
 
+def _pin_to_cpus(cpus: list[int]) -> None:
+    """serving.cpus, set before TensorFlow and gRPC start their threads: they inherit it."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("serving.cpus: pinning to CPUs needs Linux")
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        raise ConfigError(f"serving.cpus={cpus}: not CPUs this process may use "
+                          f"({sorted(os.sched_getaffinity(0))})") from None
+
+
 def cmd_serve(args) -> int:
     config = _config(args)
     serving = config.serving
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")  # before TensorFlow loads
+    if serving.cpus:
+        _pin_to_cpus(serving.cpus)
     from serving.server import serve_forever
 
     for key in ("host", "grpc_port", "rest_port"):

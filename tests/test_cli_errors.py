@@ -3,7 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from conftest import subprocess_env
 from pipeline.cli import main
 
@@ -57,3 +56,9 @@ def test_trainer_refusal_is_one_line(capsys, tmp_path):
     assert code == 1
     assert err[-1].startswith("loopline: error: trainer.early_stopping_metric 'auc' is not an eval metric")
     assert not any("Traceback" in line for line in err)
+
+
+def test_serving_cpus_this_machine_lacks(capsys):
+    code = main(["serve", "--config", str(REPO / "loopline.yaml"), "--set", "serving.cpus=[4096]"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("loopline: error: serving.cpus=[4096]: not CPUs this process may use")

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -112,6 +113,19 @@ def test_served_through_a_session_without_onednn(server):
     log = server.log()
     assert "signatures called through session" in log
     assert "oneDNN custom operations are on" not in log
+
+
+def test_server_pinned_to_cpus(tmp_path):
+    """serving.cpus is set before TensorFlow and gRPC start their threads: every thread has it."""
+    (tmp_path / "serving").mkdir()
+    pinned = ServerProcess(tmp_path, "serving.cpus=[0]")
+    try:
+        allowed = set()
+        for status in Path(f"/proc/{pinned.proc.pid}/task").glob("*/status"):
+            allowed |= {line.split()[1] for line in status.read_text().splitlines() if line.startswith("Cpus_allowed_list")}
+        assert allowed == {"0"}
+    finally:
+        pinned.stop()
 
 
 def test_status_and_metadata(stub, model_stub):
