@@ -1,9 +1,9 @@
 """Feature handling shared by training and serving: the raw feature kinds, parsing serialized
 tf.Examples into `[batch, 1]` tensors, training-split statistics, and the encoder layer.
 
-Numbers travel as float32 with NaN for a missing value (an infinite one counts as missing too); strings as tf.string with "" for
-missing. The encoder turns them into one dense vector with constants only (no lookup tables),
-so the same graph converts to TFLite builtins.
+Numbers travel as float32 with NaN for a missing value (an infinite one counts as missing too);
+strings as tf.string with "" for missing. The encoder turns them into one dense vector with
+constants only (no lookup tables), so the same graph converts to TFLite builtins.
 """
 from __future__ import annotations
 
@@ -121,9 +121,8 @@ def compute_stats(batches, kinds: FeatureKinds) -> FeatureStats:
         for name, kind in kinds.items():
             values = np.asarray(batch[name]).reshape(-1)
             if is_number(kind):
-                finite = np.isfinite(values)
-                ok = values[finite].astype(np.float64)
-                infinite[name] += int(values.size - finite.sum() - np.isnan(values).sum())
+                ok = values[np.isfinite(values)].astype(np.float64)
+                infinite[name] += int(np.isinf(values).sum())
                 sums[name] += ok.sum()
                 squares[name] += (ok**2).sum()
                 present[name] += ok.size
