@@ -66,8 +66,9 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> di
     return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in kinds}
 
 
-def _rows(columns: dict[str, tf.Tensor]) -> int:
-    return int(tf.shape(next(iter(columns.values())))[0])
+def _rows(columns) -> int:
+    """Rows of held columns (any nest of `[rows, ...]` tensors)."""
+    return int(tf.shape(tf.nest.flatten(columns)[0])[0])
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int) -> dict[str, tf.Tensor] | None:
@@ -77,8 +78,9 @@ def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, 
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20)
-    if columns is not None and _rows(columns) >= batch_size:
-        log.info("training split parsed once and held in memory (%d rows)", _rows(columns))
+    rows = _rows(columns) if columns is not None else 0
+    if rows >= batch_size:
+        log.info("training split parsed once and held in memory (%d rows)", rows)
         return columns
     log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
              else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
@@ -94,7 +96,7 @@ def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _CHUNK):
 def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
     """Every epoch a full shuffle of the rows (by index, stateless: the same on every run), cut
     into `rows // batch_size` batches gathered from the columns. Nothing is parsed again."""
-    rows = int(tf.shape(tf.nest.flatten(columns)[0])[0])
+    rows = _rows(columns)
     per_epoch = rows // batch_size
 
     def epoch_batches(epoch):
