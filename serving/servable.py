@@ -98,8 +98,7 @@ class Servable:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     def unload(self) -> None:
-        self._functions = {}
-        self._callers.close()
+        self._callers.close()  # also empties self._functions, the same dict
 
     def signature(self, signature_name: str) -> meta_graph_pb2.SignatureDef:
         key = signature_name or DEFAULT_SIGNATURE

@@ -67,6 +67,10 @@ def _session_callers(path: str, signature_defs: dict[str, meta_graph_pb2.Signatu
         raise
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def _eager_callers(path: str, signature_defs) -> tuple[object, dict[str, Caller]]:
     loaded = tf.saved_model.load(path)
 
@@ -86,19 +90,19 @@ class SignatureCallers:
             self._session, self.callers = _session_callers(path, signature_defs, SINGLE_THREADED, intra_op_threads)
             return
         except (tf.errors.OpError, ValueError, RuntimeError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            log.warning("%s: the single-threaded executor refused this model (%s); using the default executor", path, first)
+            log.warning("%s: the single-threaded executor refused this model (%s); using the default executor", path,
+                        _first_line(exc))
         try:
             self._session, self.callers = _session_callers(path, signature_defs, "", intra_op_threads)
             self.mode = "session (default executor)"
         except (tf.errors.OpError, ValueError, RuntimeError) as exc:
             log.warning("%s: cannot be loaded into a Session (%s); calling its signatures eagerly", path,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        _first_line(exc))
             self._loaded, self.callers = _eager_callers(path, signature_defs)
             self.mode = "eager"
 
     def close(self) -> None:
-        self.callers = {}
+        self.callers.clear()  # in place: holders of this dict see no signature after it
         self._loaded = None
         if self._session is not None:
             self._session.close()
