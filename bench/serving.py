@@ -106,12 +106,18 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+def row_arrays() -> dict[str, np.ndarray]:
+    """ROW as predict_raw takes it: one `[1, 1]` array per input."""
+    return {"bill_length_mm": np.array([[ROW["bill_length_mm"]]], np.float32),
+            "flipper_length_mm": np.array([[ROW["flipper_length_mm"]]], np.float32),
+            "island": np.array([[ROW["island"].encode()]], dtype=object)}
+
+
 def in_process(saved_model: Path) -> dict:
     import tensorflow as tf
 
     fn = tf.saved_model.load(str(saved_model)).signatures["predict_raw"]
-    inputs = {"bill_length_mm": tf.constant([[ROW["bill_length_mm"]]]), "flipper_length_mm": tf.constant([[ROW["flipper_length_mm"]]]),
-              "island": tf.constant([[ROW["island"].encode()]])}
+    inputs = {name: tf.constant(array) for name, array in row_arrays().items()}
 
     def call():
         return {k: v.numpy() for k, v in fn(**inputs).items()}
@@ -125,9 +131,7 @@ def in_process_session(saved_model: Path) -> dict:
     from serving.servable import Servable
 
     servable = Servable("penguins", 1, str(saved_model), None, 10**6)
-    inputs = {"bill_length_mm": np.array([[ROW["bill_length_mm"]]], np.float32),
-              "flipper_length_mm": np.array([[ROW["flipper_length_mm"]]], np.float32),
-              "island": np.array([[ROW["island"].encode()]], dtype=object)}
+    inputs = row_arrays()
     try:
         return {"c1": measure(lambda: servable.run("predict_raw", inputs), 1)}
     finally:

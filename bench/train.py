@@ -72,7 +72,7 @@ def run() -> dict:
 
     from trainer.config import TrainerConfig
     from trainer.features import compute_stats, infer_feature_kinds
-    from trainer.inputs import load_in_memory, parsed_batches, training_stream
+    from trainer.inputs import column_batches, load_in_memory, training_stream
     from trainer.loop import train
     from trainer.model import ModelContext, build_model, load_module, make_head
 
@@ -86,7 +86,8 @@ def run() -> dict:
                            jit_compile=True, steps_per_loop=STEPS_PER_LOOP, unroll_steps=UNROLL, tensorboard=False)
 
     kinds = infer_feature_kinds(train_path)
-    stats = compute_stats(parsed_batches(train_path, kinds), kinds)
+    in_memory = load_in_memory(train_path, kinds, config.input, BATCH)  # parsed once, as the loop does
+    stats = compute_stats(column_batches(in_memory), kinds)
     heads = [make_head("label", kinds["label"], stats)]
 
     # The input pipeline alone, drained inside a tf.function as the loop does: the split parsed
@@ -98,17 +99,14 @@ def run() -> dict:
             next(iterator)
         return 0
 
-    def input_rate(in_memory_mb: int) -> float:
-        input_config = config.input.model_copy(update={"in_memory_mb": in_memory_mb})
-        columns = load_in_memory(train_path, kinds, input_config, BATCH)
-        iterator = iter(training_stream(train_path, kinds, heads, BATCH, input_config, seed=0, columns=columns))
+    def input_rate(columns) -> float:
+        iterator = iter(training_stream(train_path, kinds, heads, BATCH, config.input, seed=0, columns=columns))
         drain(iterator, tf.constant(steps_per_epoch))  # fills the record cache
         started = time.perf_counter()
         drain(iterator, tf.constant(steps_per_epoch))
         return steps_per_epoch * BATCH / (time.perf_counter() - started)
 
     # fit on the same stream and model, default settings and at its best.
-    in_memory = load_in_memory(train_path, kinds, config.input, BATCH)
     ctx = ModelContext({k: v for k, v in kinds.items() if k != "label"}, stats, heads)
 
     def fit_rate(**compile_args) -> float:
@@ -144,8 +142,8 @@ def run() -> dict:
 
     result = {
         "rows": ROWS, "batch_size": BATCH, "epochs": EPOCHS, "model": "16-128-128-2 MLP",
-        "input_pipeline_examples_per_sec": round(input_rate(config.input.in_memory_mb)),
-        "input_pipeline_streamed_examples_per_sec": round(input_rate(0)),
+        "input_pipeline_examples_per_sec": round(input_rate(in_memory)),
+        "input_pipeline_streamed_examples_per_sec": round(input_rate(None)),
         "loop_examples_per_sec": round(loop),
         "loop_plain_examples_per_sec": round(plain),
         "fit_default_examples_per_sec": round(fit_default),
