@@ -16,8 +16,9 @@ KINDS = {"bill_length_mm": "float32", "flipper_length_mm": "int64", "island": "s
 SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
 
 
-def export_model(path: Path, kind: str = "classification", seed: int = 0) -> Path:
-    """Exports a small untrained tabular model through the trainer's own export path."""
+def export_model(path: Path, kind: str = "classification", seed: int = 0, kinds: dict[str, str] | None = None) -> Path:
+    """Exports a small untrained tabular model through the trainer's own export path; `kinds`
+    overrides feature kinds (a string feature gets a small vocabulary)."""
     import keras
 
     from trainer.export import export_saved_model
@@ -26,12 +27,15 @@ def export_model(path: Path, kind: str = "classification", seed: int = 0) -> Pat
     from trainer.model import ModelContext, build_tabular_model
 
     keras.utils.set_random_seed(seed)
-    stats = FeatureStats(numbers={"bill_length_mm": (44.0, 5.0), "flipper_length_mm": (200.0, 14.0)},
-                         strings={"island": ["Biscoe", "Dream", "Torgersen"]})
-    heads = ([Head("species", CLASSIFICATION, vocabulary=SPECIES), Head("body_mass_g", REGRESSION, mean=4200, std=800)]
-             if kind == "classification" else [Head("body_mass_g", REGRESSION, mean=4200, std=800)])
-    model = build_tabular_model(ModelContext(KINDS, stats, heads), hidden_units=(8,))
-    export_saved_model(model, KINDS, heads, str(path))
+    kinds = {**KINDS, **(kinds or {})}
+    numbers = {"bill_length_mm": (44.0, 5.0), "flipper_length_mm": (200.0, 14.0)}
+    strings = {"island": ["Biscoe", "Dream", "Torgersen"]}
+    stats = FeatureStats(numbers={k: v for k, v in numbers.items() if kinds[k] != "string"},
+                         strings={k: strings.get(k, ["a", "b"]) for k, v in kinds.items() if v == "string"})
+    heads = ([Head("species", CLASSIFICATION, vocabulary=SPECIES), Head("body_mass_g", REGRESSION, mean=4200, std=800, label_dtype="float32")]
+             if kind == "classification" else [Head("body_mass_g", REGRESSION, mean=4200, std=800, label_dtype="float32")])
+    model = build_tabular_model(ModelContext(kinds, stats, heads), hidden_units=(8,))
+    export_saved_model(model, kinds, heads, str(path))
     return path
 
 

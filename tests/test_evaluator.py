@@ -34,6 +34,56 @@ def test_thresholds_and_regression_rules():
     assert off.blessed
 
 
+def test_gate_fails_closed_when_the_champion_cannot_be_compared():
+    config = EvaluatorConfig(regression_metrics=["loss", "species_accuracy"])
+    good = {"species_accuracy": 0.95, "loss": 0.20}
+    broken = decide(good, None, config, "/serving/m/7", champion_problem="/serving/m/7 could not be evaluated (ValueError: x)")
+    assert not broken.blessed
+    assert broken.failed == ["champion not compared: /serving/m/7 could not be evaluated (ValueError: x) "
+                             "(evaluator.on_champion_error is refuse)"]
+    # A metric the champion lacks is a champion that cannot be compared.
+    no_accuracy = decide(good, {"loss": 0.2}, config)
+    assert not no_accuracy.blessed and "the champion has no species_accuracy" in no_accuracy.failed[0]
+    # A metric the candidate lacks fails whatever the policy says.
+    lenient = config.model_copy(update={"on_champion_error": "thresholds_only"})
+    no_loss = decide({"species_accuracy": 0.95}, {"species_accuracy": 0.9, "loss": 0.2}, lenient)
+    assert not no_loss.blessed and no_loss.failed[0].startswith("loss not compared: the candidate has no such metric")
+    # thresholds_only blesses on the thresholds alone and says so; the thresholds still bind.
+    allowed = decide(good, None, lenient, champion_problem="heads differ")
+    assert allowed.blessed and any("blessed on the thresholds alone" in r for r in allowed.reasons)
+    strict = lenient.model_copy(update={"thresholds": {"species_accuracy": Bound(min=0.99)}})
+    assert not decide(good, None, strict, champion_problem="heads differ").blessed
+
+
+def test_champion_that_cannot_read_the_new_data_blocks_the_candidate(tmp_path):
+    """The daily-run failure: a numeric column picked up text; the candidate trained on it reads
+    it as a string, the champion cannot parse the new eval split. The gate must say no."""
+    from tests.serving_helpers import example, export_model
+    from trainer.evaluation import evaluate_and_decide
+
+    champion = export_model(tmp_path / "champion")  # bill_length_mm: float32
+    candidate = export_model(tmp_path / "candidate", kinds={"bill_length_mm": "string"})
+    records = []
+    for i in range(6):
+        e = example(island="Dream")
+        del e.features.feature["bill_length_mm"]
+        e.features.feature["bill_length_mm"].bytes_list.value.append(b"n/a" if i % 2 else b"41.5")
+        e.features.feature["species"].bytes_list.value.append(b"Adelie")
+        e.features.feature["body_mass_g"].float_list.value.append(3900.0)
+        records.append(e.SerializeToString())
+    split = tmp_path / "eval.gz"
+    with tf.io.TFRecordWriter(str(split), options="GZIP") as writer:
+        for record in records:
+            writer.write(record)
+
+    refused = evaluate_and_decide(str(candidate), str(split), str(champion), EvaluatorConfig())
+    assert not refused.blessed
+    assert len(refused.failed) == 1 and "could not be evaluated" in refused.failed[0], refused.failed
+    assert refused.champion_path == str(champion) and refused.champion is None
+    lenient = evaluate_and_decide(str(candidate), str(split), str(champion), EvaluatorConfig(on_champion_error="thresholds_only"))
+    assert lenient.blessed and "thresholds alone" in " ".join(lenient.reasons)
+
+
 def test_champion_is_the_labelled_version_else_the_latest(tmp_path):
     from tensorflow_serving.config import model_server_config_pb2
 

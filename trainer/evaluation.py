@@ -126,19 +126,31 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
 
     if not config.compare_to_champion:
         reasons.append("no champion comparison (evaluator.compare_to_champion is false)")
-    elif champion_problem:
-        reasons.append(f"champion not compared: {champion_problem}")
-    elif champion is None:
+    elif champion_problem is None and champion is None:
         reasons.append("no champion yet: first model")
     else:
-        for metric in config.regression_metrics:
-            if metric not in candidate or metric not in champion:
-                reasons.append(f"{metric} not compared: missing in the {'candidate' if metric not in candidate else 'champion'}")
-                continue
-            new, old = candidate[metric], champion[metric]
-            worse = new - old if lower_is_better(metric) else old - new
-            allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
-            check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
+        missing = [m for m in config.regression_metrics if m not in candidate]
+        for metric in missing:  # The candidate's own gap: never the champion's fault.
+            check(False, f"{metric} not compared: the candidate has no such metric (metrics are {sorted(candidate)})")
+        if champion_problem is None:
+            absent = [m for m in config.regression_metrics if m in candidate and m not in champion]
+            if absent:
+                champion_problem = f"the champion has no {', '.join(absent)} (metrics are {sorted(champion)})"
+        if champion_problem is not None:
+            # Fail closed: a candidate that could not be compared is not known to be no worse.
+            text = f"champion not compared: {champion_problem}"
+            if config.on_champion_error == "refuse":
+                check(False, f"{text} (evaluator.on_champion_error is refuse)")
+            else:
+                reasons.append(f"{text}; blessed on the thresholds alone (evaluator.on_champion_error is thresholds_only)")
+        else:
+            for metric in config.regression_metrics:
+                if metric in missing:
+                    continue
+                new, old = candidate[metric], champion[metric]
+                worse = new - old if lower_is_better(metric) else old - new
+                allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
+                check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
 
 
@@ -161,6 +173,6 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
             return decide(candidate, None, config, champion_dir, problem)
         try:
             champion = evaluate_saved_model(champion_dir, examples, heads=theirs)
-        except Exception as exc:  # A broken champion must not block its replacement; say so.
+        except Exception as exc:  # decide() refuses the candidate unless on_champion_error allows it.
             problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
     return decide(candidate, champion, config, champion_dir, problem)
