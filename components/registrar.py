@@ -79,9 +79,10 @@ class RegistrarExecutor(base_executor.BaseExecutor):
         examples = _one(input_dict, "examples")
         props = model.mlmd_artifact.custom_properties
         final = {k[len("eval_"):]: v.double_value for k, v in props.items() if k.startswith("eval_")}
-        pushed_version = None
+        pushed_version = pushed_path = None
         if pushed is not None and pushed.mlmd_artifact.custom_properties["pushed"].int_value == 1:
             pushed_version = pushed.mlmd_artifact.custom_properties["pushed_version"].string_value
+            pushed_path = pushed.mlmd_artifact.custom_properties["pushed_destination"].string_value
         data_dirs = {}
         for key in ("statistics", "schema"):
             artifact = _one(input_dict, key)
@@ -101,6 +102,7 @@ class RegistrarExecutor(base_executor.BaseExecutor):
             final_metrics=final,
             blessed=bool(blessing.mlmd_artifact.custom_properties["blessed"].int_value) if blessing is not None else None,
             serving_version=pushed_version,
+            pushed_path=pushed_path,
             git_commit=current_commit(),
             input_records=_sample_records(examples) if examples is not None else [],
             data_dirs=data_dirs,

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError, is_remote, load_config
 
 DEFAULT_CONFIG = "loopline.yaml"
 
@@ -60,10 +60,14 @@ def cmd_train(args) -> int:
     """The trainer alone, for fast iteration: on TFRecord splits, or straight from data.path."""
     import json
 
+    import tensorflow as tf
+
     from trainer.loop import train
 
     config = _config(args)
-    work_dir = os.path.abspath(args.work_dir or os.path.join(config.pipeline.root, "train", config.pipeline.name))
+    work_dir = args.work_dir or os.path.join(config.pipeline.root, "train", config.pipeline.name)
+    if not is_remote(work_dir):
+        work_dir = os.path.abspath(work_dir)
     if args.train and args.eval:
         train_pattern, eval_pattern = args.train, args.eval
     elif args.train or args.eval:
@@ -74,8 +78,8 @@ def cmd_train(args) -> int:
         train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
     result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir)
     metrics = {**result.metrics, "steps": result.steps}
-    with open(os.path.join(work_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
+    with tf.io.gfile.GFile(os.path.join(work_dir, "metrics.json"), "w") as f:
+        f.write(json.dumps(metrics, indent=2))
     print(f"loopline train: {result.steps} steps; checkpoints and TensorBoard under {work_dir}")
     print(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     return 0
@@ -287,10 +291,11 @@ def _quiet_libraries() -> None:
 def _stop_message(exc: Exception) -> str | None:
     """The report for errors that stop a run by design (bad data, a failed parity gate).
     Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
+    from tracking.registration import RegistryUnavailableError
     from trainer.tflite import ParityError
     from validation.anomalies import DataAnomaliesError
 
-    if isinstance(exc, DataAnomaliesError):
+    if isinstance(exc, (DataAnomaliesError, RegistryUnavailableError)):
         return f"loopline: {exc}"
     if isinstance(exc, ParityError):
         return f"loopline: export refused by the TFLite parity gate: {exc}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import tensorflow as tf
+
 from pipeline.config import LooplineConfig
 from pipeline.local_runner import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
@@ -35,7 +37,7 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
     problems = []
     if anomalies_uri:
         for split in stats:
-            if os.path.isfile(os.path.join(anomalies_uri, f"Split-{split}", "SchemaDiff.pb")):
+            if tf.io.gfile.exists(os.path.join(anomalies_uri, f"Split-{split}", "SchemaDiff.pb")):
                 problems += problems_of(split, read_anomalies(os.path.join(anomalies_uri, f"Split-{split}")))
     out_dir = out_dir or os.path.join(config.pipeline.root, "reports", "data", run.name.replace(":", "-"))
     return write_report(out_dir, stats, schema, problems)

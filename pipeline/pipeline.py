@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+import posixpath
 
 from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
 from tfx.components.pusher.component import Pusher
@@ -15,10 +15,11 @@ from tfx.proto import pusher_pb2
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
 from components.schema_gen import SchemaGen
+from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
-from pipeline.config import LooplineConfig
+from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
 
 
@@ -27,7 +28,18 @@ def tfx_root(config: LooplineConfig) -> str:
 
 
 def metadata_path(config: LooplineConfig) -> str:
-    return os.path.join(config.pipeline.root, "metadata.sqlite")
+    """ML Metadata's SQLite file: `pipeline.metadata_path`, else `<root>/metadata.sqlite` for a
+    local root. SQLite needs a file on this machine, so a remote root needs the key."""
+    section = config.pipeline
+    if section.metadata_path is not None:
+        if is_remote(section.metadata_path):
+            raise ConfigError(f"pipeline.metadata_path: {section.metadata_path!r} must be a local file (SQLite)")
+        return section.metadata_path
+    if is_remote(section.root):
+        raise ConfigError(
+            f"pipeline.metadata_path is required when pipeline.root is remote ({section.root}): "
+            "ML Metadata's SQLite file must be on this machine (e.g. --set pipeline.metadata_path=metadata.sqlite)")
+    return os.path.join(section.root, "metadata.sqlite")
 
 
 def serving_base(config: LooplineConfig) -> str:
@@ -36,22 +48,39 @@ def serving_base(config: LooplineConfig) -> str:
 
 
 def _module_digest(path: str | None) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and os.path.isfile(path) else ""
+    import tensorflow as tf
+
+    if not path or not tf.io.gfile.exists(path):
+        return ""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _input_splits(data_path: str, eval_path: str):
+    """(input base, train pattern, eval pattern): the deepest folder holding both files. URIs
+    keep their `scheme://` (os.path.commonpath would fold `gs://b` into `gs:/b`)."""
+    scheme, sep, train_rest = data_path.rpartition("://")
+    eval_scheme, eval_sep, eval_rest = eval_path.rpartition("://")
+    if (scheme, sep) != (eval_scheme, eval_sep):
+        raise ConfigError(f"data.eval_path: {eval_path} must be on the same filesystem as data.path ({data_path})")
+    paths = posixpath if sep else os.path
+    base = paths.commonpath([paths.dirname(train_rest), paths.dirname(eval_rest)])
+    return scheme + sep + base, paths.relpath(train_rest, base), paths.relpath(eval_rest, base)
 
 
 def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
     """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
     # ExampleGen reads a folder; the folder of data.path with a pattern naming the file.
-    data_dir, data_file = os.path.split(config.data.path)
+    data_dir, data_file = posixpath.split(config.data.path) if is_remote(config.data.path) else os.path.split(config.data.path)
     from tfx.proto import example_gen_pb2
 
     input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)])
     if config.data.eval_path:
         # Given splits: one folder above both files, a pattern each.
-        data_dir = os.path.commonpath([os.path.dirname(config.data.path), os.path.dirname(config.data.eval_path)])
+        data_dir, train_pattern, eval_pattern = _input_splits(config.data.path, config.data.eval_path)
         input_config = example_gen_pb2.Input(splits=[
-            example_gen_pb2.Input.Split(name="train", pattern=os.path.relpath(config.data.path, data_dir)),
-            example_gen_pb2.Input.Split(name="eval", pattern=os.path.relpath(config.data.eval_path, data_dir)),
+            example_gen_pb2.Input.Split(name="train", pattern=train_pattern),
+            example_gen_pb2.Input.Split(name="eval", pattern=eval_pattern),
         ])
     example_gen = CsvExampleGen(input_base=data_dir, input_config=input_config)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
@@ -94,7 +123,13 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
     )
-    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher]
+    # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
+    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
+    serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
+                                     serving_root=os.path.dirname(serving_base(config)),
+                                     serving_config=serving_files)
+    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
+                  serving_configs]
     if target:
         components.append(Registrar(
             model=trainer.outputs["model"],

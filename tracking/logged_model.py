@@ -20,7 +20,10 @@ SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
     """A small DataFrame of the model's input features; numbers as float64, so clients may send
     ints or floats. Prefers complete records."""
-    features = json.loads(Path(saved_model_dir, SIGNATURE_FILE).read_text())["features"]
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(os.path.join(saved_model_dir, SIGNATURE_FILE)) as f:
+        features = json.load(f)["features"]
     complete = [r for r in records if all(r.get(name) is not None for name in features)]
     chosen = (complete or records)[:rows]
     if not chosen:

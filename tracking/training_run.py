@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import os
 
+import tensorflow as tf
+
 from tracking.metric_sink import UNDELIVERED_FILE, DeliveryReport, MlflowMetricSink
+from tracking.remote_files import local_view
 from tracking.system_info import system_tags
 from tracking.target import TrackingTarget, ensure_experiment, make_client
 
@@ -44,10 +47,12 @@ class TrainingRun:
         if report.run_id is None:
             return report
         for artifact_path, folder in artifact_dirs.items():
-            if not os.path.isdir(folder) or not os.listdir(folder):
-                continue
             try:
-                self.client.log_artifacts(report.run_id, folder, artifact_path)
+                if not tf.io.gfile.isdir(folder) or not tf.io.gfile.listdir(folder):
+                    log.warning("MLflow: nothing to log as %r: %s is empty or missing", artifact_path, folder)
+                    continue
+                with local_view(folder) as local:
+                    self.client.log_artifacts(report.run_id, local, artifact_path)
             except Exception as exc:
                 log.error("MLflow: could not log %s as artifacts %r: %s", folder, artifact_path, exc)
         try:

@@ -4,8 +4,8 @@ is blessed when its metrics pass the absolute thresholds and do not regress agai
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -20,10 +20,11 @@ SIGNATURE_FILE = "loopline_signature.json"  # Written by trainer.export next to 
 
 def read_signature(saved_model_dir: str) -> tuple[dict[str, str], list[Head]]:
     """The feature kinds and heads recorded at export time."""
-    path = Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE
-    if not path.is_file():
+    path = os.path.join(saved_model_dir, "assets.extra", SIGNATURE_FILE)
+    if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{saved_model_dir} is not a loopline export: {path} is missing")
-    data = json.loads(path.read_text())
+    with tf.io.gfile.GFile(path) as f:
+        data = json.load(f)
     return data["features"], [Head.from_json(h) for h in data["heads"]]
 
 
@@ -79,7 +80,7 @@ def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size
 
 
 def _is_loopline_export(saved_model_dir: str) -> bool:
-    return (Path(saved_model_dir) / "assets.extra" / SIGNATURE_FILE).is_file()
+    return tf.io.gfile.exists(os.path.join(saved_model_dir, "assets.extra", SIGNATURE_FILE))
 
 
 def lower_is_better(metric: str) -> bool:

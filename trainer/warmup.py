@@ -25,7 +25,7 @@ def write_warmup(export_dir: str, serialized_examples: list[bytes], raw_features
     if not serialized_examples:
         raise ValueError("warmup needs at least one example")
     folder = os.path.join(export_dir, "assets.extra")
-    os.makedirs(folder, exist_ok=True)
+    tf.io.gfile.makedirs(folder)
     path = os.path.join(folder, WARMUP_FILE)
     with tf.io.TFRecordWriter(path) as writer:
         writer.write(predict_log("serving_default", {"inputs": np.array(serialized_examples, dtype=object)}).SerializeToString())
