@@ -47,6 +47,7 @@ def Evaluator(
 
     import tensorflow as tf
 
+    tf.io.gfile.makedirs(blessing.uri)  # Kubeflow's launcher does not create output folders
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w") as f:
         f.write("")  # GFile creates the file on the first write
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "blessing.json"), "w") as f:

@@ -17,7 +17,7 @@ def ServingConfigs(pushed_model: InputArtifact[PushedModel], serving_root: Param
     from serving.config_writer import write_serving_configs
 
     log = logging.getLogger("loopline")
-    if pushed_model.mlmd_artifact.custom_properties["pushed"].int_value != 1:
+    if pushed_model.get_int_custom_property("pushed") != 1:
         log.info("serving configs: the model was not pushed; %s unchanged", serving_root)
         return
     written = write_serving_configs(serving_root, ServingConfig.model_validate_json(serving_config))

@@ -60,6 +60,7 @@ def Trainer(
     metrics = {**result.metrics, "steps": result.steps}
     import tensorflow as tf
 
+    tf.io.gfile.makedirs(model_run.uri)  # Kubeflow's launcher does not create output folders
     with tf.io.gfile.GFile(os.path.join(model_run.uri, "metrics.json"), "w") as f:
         f.write(json.dumps(metrics, indent=2))
     for key, value in metrics.items():

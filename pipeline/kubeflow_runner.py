@@ -20,6 +20,9 @@ log = logging.getLogger("loopline")
 # Schemes every pod can read and write through tf.io.gfile and Beam's file systems without extra
 # packages (s3:// and hdfs:// need tensorflow-io, which does not load with TensorFlow 2.21).
 REMOTE_SCHEMES = ("gs://",)
+# KFP's placeholder for the run's id (kfp.dsl.PIPELINE_JOB_ID_PLACEHOLDER); the backend substitutes it
+# in parameter values. The Registrar tags the MLflow run with it.
+RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 # Where infra/Dockerfile puts the examples and the default config.
 IMAGE_PREFIX = "/opt/loopline/"
 # MLflow tracking URIs that a pod can reach (a file store inside a pod dies with the pod).
@@ -117,7 +120,8 @@ def compile_kubeflow(
 
     from pipeline.pipeline import create_pipeline, tfx_root
 
-    tfx_pipeline = create_pipeline(config, local_metadata=False)  # the KFP backend brings ML Metadata
+    # The KFP backend brings ML Metadata.
+    tfx_pipeline = create_pipeline(config, local_metadata=False, run_id_placeholder=RUN_ID_PLACEHOLDER)
     runner = kfv2.KubeflowV2DagRunner(
         config=kfv2.KubeflowV2DagRunnerConfig(
             display_name=config.pipeline.name,

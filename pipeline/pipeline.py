@@ -68,8 +68,11 @@ def _input_splits(data_path: str, eval_path: str):
     return scheme + sep + base, paths.relpath(train_rest, base), paths.relpath(eval_rest, base)
 
 
-def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
-    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
+def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
+                    run_id_placeholder: str | None = None) -> tfx_pipeline.Pipeline:
+    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own);
+    `run_id_placeholder` is how the orchestrator writes the run's id into a parameter, for
+    executors it does not tell (Kubeflow's v2 entry point)."""
     # ExampleGen reads a folder; the folder of data.path with a pattern naming the file.
     data_dir, data_file = posixpath.split(config.data.path) if is_remote(config.data.path) else os.path.split(config.data.path)
     from tfx.proto import example_gen_pb2
@@ -143,6 +146,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
             registered_model=registered_model_name(config),
             params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
             pipeline_name=config.pipeline.name,
+            pipeline_run_id=run_id_placeholder,
         ))
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,
