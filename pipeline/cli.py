@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from pipeline.config import ConfigError, is_remote, load_config
+from pipeline.config import ConfigError, load_config
 
 DEFAULT_CONFIG = "loopline.yaml"
 
@@ -57,31 +57,13 @@ def cmd_data_report(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """The trainer alone, for fast iteration: on TFRecord splits, or straight from data.path."""
-    import json
+    """The trainer alone, for fast iteration and for the TFJob: on TFRecord splits, or data.path."""
+    from pipeline.train_command import run_train
 
-    import tensorflow as tf
-
-    from trainer.loop import train
-
-    config = _config(args)
-    work_dir = args.work_dir or os.path.join(config.pipeline.root, "train", config.pipeline.name)
-    if not is_remote(work_dir):
-        work_dir = os.path.abspath(work_dir)
-    if args.train and args.eval:
-        train_pattern, eval_pattern = args.train, args.eval
-    elif args.train or args.eval:
-        raise ConfigError("--train and --eval go together")
-    else:
-        from trainer.csv_examples import csv_to_tfrecords
-
-        train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
-    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir)
-    metrics = {**result.metrics, "steps": result.steps}
-    with tf.io.gfile.GFile(os.path.join(work_dir, "metrics.json"), "w") as f:
-        f.write(json.dumps(metrics, indent=2))
-    print(f"loopline train: {result.steps} steps; checkpoints and TensorBoard under {work_dir}")
-    print(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    outcome = run_train(_config(args), args.work_dir, args.train, args.eval)
+    where = f"; model in {outcome.model_dir}" if outcome.model_dir else " (not the chief: no export)"
+    print(f"loopline train: {outcome.steps} steps; checkpoints and TensorBoard under {outcome.work_dir}{where}")
+    print(" ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()))
     return 0
 
 

@@ -106,3 +106,41 @@ def test_pipeline_on_ram_root_end_to_end(tmp_path, workdir):
         assert any(a.path == "trainer/metrics.json" for a in client.list_artifacts(run_id, "trainer"))
     finally:
         server.stop()
+
+
+def test_loopline_train_on_ram_work_dir(tmp_path, workdir, capsys):
+    """The TFJob's command on a remote work dir: data.path read through gfile, the chief's export in
+    the Model artifact's layout, metrics.json, and the run (metrics, parameters, files) in MLflow."""
+    from pipeline.cli import main
+
+    base = f"ram://loopline-{uuid.uuid4().hex[:8]}"
+    work_dir = f"{base}/train"
+    server = MlflowServer(tmp_path / "mlflow").start()
+    try:
+        code = main(["train", "--config", str(REPO / "loopline.yaml"), "--work-dir", work_dir,
+                     "--set", f"pipeline.root={base}/root", "--set", f"data.path={_ram_copy_of_data(base)}",
+                     "--set", f"mlflow.tracking_uri={server.uri}", "--set", "trainer.epochs=2",
+                     "--set", "export.tflite_variants=[float32]"])
+        assert code == 0
+        assert f"model in {work_dir}/model" in capsys.readouterr().out
+        model = f"{work_dir}/model"
+        loaded = tf.saved_model.load(f"{model}/Format-Serving")
+        assert {"serving_default", "predict_raw"} <= set(loaded.signatures)
+        assert tf.io.gfile.exists(f"{model}/Format-Serving/assets.extra/tf_serving_warmup_requests")
+        assert tf.io.gfile.exists(f"{model}/Format-TFLite/model_float32.tflite")
+        assert json.loads(_read(f"{model}/export_report.json"))["tflite"][0]["passed"]
+        metrics = json.loads(_read(f"{work_dir}/metrics.json"))
+        assert metrics["steps"] > 0
+        assert tf.io.gfile.glob(f"{work_dir}/checkpoints/ckpt-*.index")
+        assert tf.io.gfile.exists(f"{work_dir}/data/train/data.tfrecord.gz")
+
+        client = MlflowClient(server.uri)
+        [run] = client.search_runs([client.get_experiment_by_name("loopline").experiment_id])
+        assert run.info.status == "FINISHED"
+        assert run.data.params["trainer.epochs"] == "2"
+        assert run.data.tags["loopline.model_uri"] == model
+        assert len(client.get_metric_history(run.info.run_id, "train/loss")) == metrics["steps"]
+        logged = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+        assert {"model/Format-Serving", "model/Format-TFLite", "model/export_report.json"} <= logged
+    finally:
+        server.stop()

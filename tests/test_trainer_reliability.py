@@ -25,7 +25,7 @@ def loss_weights(step):
 """
 
 SETTINGS = ["trainer.epochs=4", "trainer.batch_size=8", "trainer.checkpoint_every_steps=20",
-            "trainer.seed=5", "trainer.deterministic=true", "trainer.steps_per_loop=4"]
+            "trainer.seed=5", "trainer.deterministic=true", "trainer.steps_per_loop=4", "mlflow.enabled=false"]
 
 
 def command(splits, work_dir, module):

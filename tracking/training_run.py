@@ -41,11 +41,22 @@ class TrainingRun:
         log.info("MLflow run %s in experiment %r at %s", run.info.run_id, self.target.experiment, self.target.tracking_uri)
         return run.info.run_id
 
-    def finish(self, artifact_dirs: dict[str, str], failed: bool = False) -> DeliveryReport:
-        """Flushes the metrics (bounded), then logs each folder under its artifact path."""
+    def finish(self, artifact_dirs: dict[str, str], failed: bool = False,
+               params: dict[str, str] | None = None) -> DeliveryReport:
+        """Flushes the metrics (bounded), then logs the parameters and each folder under its
+        artifact path."""
         report = self.sink.close()
         if report.run_id is None:
             return report
+        if params:
+            from mlflow.entities import Param
+
+            try:
+                batch = [Param(k, str(v)[:6000]) for k, v in params.items()]
+                for start in range(0, len(batch), 100):
+                    self.client.log_batch(report.run_id, params=batch[start:start + 100])
+            except Exception as exc:
+                log.error("MLflow: could not log the parameters of run %s: %s", report.run_id, exc)
         for artifact_path, folder in artifact_dirs.items():
             try:
                 if not tf.io.gfile.isdir(folder) or not tf.io.gfile.listdir(folder):

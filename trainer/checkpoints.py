@@ -11,13 +11,15 @@ log = logging.getLogger("loopline.trainer")
 
 
 class Checkpoints:
-    def __init__(self, directory: str | None, keep: int, every_steps: int | None, chief: bool = True, **trackables):
+    def __init__(self, directory: str | None, keep: int, every_steps: int | None, chief: bool = True,
+                 task: str = "worker", **trackables):
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.every_steps = every_steps
         self.manager = None
         if directory:
-            if not chief:  # other workers must save too (collectives), but somewhere private
-                directory = os.path.join(directory, f"worker-tmp-{os.getpid()}")
+            if not chief:  # other workers must save too (collectives), but somewhere private: per
+                # task (TF_CONFIG's type and index), so a restarted worker finds its copy again
+                directory = os.path.join(directory, f"worker-tmp-{task}")
             self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep)
 
     def restore_latest(self, step_variable) -> int:

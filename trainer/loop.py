@@ -32,7 +32,7 @@ from trainer.model import (
     module_for_label,
     split_at_encoder,
 )
-from trainer.strategy import is_chief, make_strategy
+from trainer.strategy import is_chief, make_strategy, task_name
 from trainer.summaries import MetricSink, Progress, Summaries
 
 log = logging.getLogger("loopline.trainer")
@@ -196,6 +196,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
         keep=config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps or steps_per_epoch,
         chief=chief,
+        task=task_name(strategy),
         step=step_var, batches_consumed=batches_var, rng=rng,
         **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
     )
