@@ -25,9 +25,9 @@ def _config(args):
 
 
 def cmd_run(args) -> int:
+    config = _config(args)  # before TensorFlow loads: a bad config costs one line and no wait
     from pipeline.local_runner import run_local
 
-    config = _config(args)
     summary = run_local(config)
     print("\n".join(["", "loopline run finished", *summary.lines()]))
     return 0
