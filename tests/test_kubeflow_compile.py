@@ -227,3 +227,15 @@ def test_s3_and_hdfs_are_refused_by_compile_and_run(tmp_path, key, value):
         assert done.stderr.strip().startswith(f"loopline: error: {key}: '{value}': the {scheme}:// filesystem is not supported")
         assert "tensorflow-io" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()
+
+
+def test_eval_path_keeps_the_bucket_scheme(tmp_path):
+    """ExampleGen's input base is the folder above both files, as a URI (os.path.commonpath would
+    fold gs://b into gs:/b)."""
+    from pipeline.pipeline import create_pipeline
+
+    config = remote_config(tmp_path, "data.eval_path=gs://loopline-test-bucket/data/eval/penguins.csv")
+    example_gen = create_pipeline(config, local_metadata=False).components[0]
+    assert example_gen.exec_properties["input_base"] == "gs://loopline-test-bucket/data"
+    splits = json.loads(example_gen.exec_properties["input_config"])["splits"]
+    assert [(s["name"], s["pattern"]) for s in splits] == [("train", "penguins.csv"), ("eval", "eval/penguins.csv")]

@@ -104,6 +104,13 @@ def test_pipeline_on_ram_root_end_to_end(tmp_path, workdir):
         assert {"export/export_report.json", "export/Format-TFLite"} <= logged
         assert {a.path for a in client.list_artifacts(run_id, "data")} == {"data/statistics", "data/schema"}
         assert any(a.path == "trainer/metrics.json" for a in client.list_artifacts(run_id, "trainer"))
+
+        # `loopline data report` reads the run's statistics from ram:// and writes its page there.
+        from pipeline.data_report import data_report
+
+        page = data_report(config)
+        assert page.startswith(f"{base}/root/reports/data/") and "species" in _read(page)
+        assert tf.io.gfile.glob(f"{os.path.dirname(page)}/*.png")
     finally:
         server.stop()
 
