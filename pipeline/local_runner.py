@@ -75,10 +75,11 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
 
     executions = {}
     state_names = metadata_store_pb2.Execution.State.Name
-    execution_types = {t.id: t.name for t in store.get_execution_types()}
+    node_type = store.get_context_type("node").id
     for execution in sorted(store.get_executions_by_context(run.id), key=lambda e: e.id):
-        component = execution_types[execution.type_id].rsplit(".", 1)[-1]
-        executions[component] = state_names(execution.last_known_state)
+        # The node id (the component's name in the pipeline, e.g. CsvExampleGen whichever class reads the CSV).
+        node = next(c for c in store.get_contexts_by_execution(execution.id) if c.type_id == node_type)
+        executions[node.name.split(".", 1)[-1]] = state_names(execution.last_known_state)
 
     model = newest("Model")
     pushed = newest("PushedModel")
