@@ -78,6 +78,8 @@ class _CountingWriter(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            if not self._written:
+                self._file.write(b"")  # GFile creates the file on its first write; an empty one too
             self._file.close()
         super().close()
 
