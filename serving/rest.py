@@ -140,12 +140,15 @@ def _metric_labels(method: str, path: str) -> tuple[str, str]:
 
 
 class RestApp:
-    """The ASGI application: reads the body, answers on a worker thread (model calls block and
-    release the GIL; concurrent requests meet in the server-side batcher), writes one JSON answer."""
+    """The ASGI application: reads the body, answers, writes one JSON answer. A lone request is
+    answered on the event loop's thread (a hand-off to a worker costs more than a small model's
+    call); while one is being answered, the next go to worker threads, where model calls release
+    the GIL and concurrent requests meet in the server-side batcher."""
 
     def __init__(self, manager: ModelManager, metrics: Metrics, config: ServingConfig):
         self.manager, self.metrics, self.config = manager, metrics, config
         self.pool = ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rest")
+        self.in_flight = 0  # only touched on the event loop's thread
 
     def answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
         started = time.perf_counter()
@@ -178,8 +181,16 @@ class RestApp:
         if not _API_PATH.fullmatch(path):
             return await _send(send, 404, json_codec.dumps({"error": f"Not found: {method} {path}"}), "application/json")
         body, too_large = await _read_body(receive, self.config.max_request_bytes)
-        loop = asyncio.get_running_loop()
-        status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body, too_large)
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(0)  # requests that arrived with this one count themselves in first
+            if self.in_flight == 1:
+                status, payload, content_type = self.answer(method, path, body, too_large)
+            else:
+                loop = asyncio.get_running_loop()
+                status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body, too_large)
+        finally:
+            self.in_flight -= 1
         await _send(send, status, payload, content_type, close=too_large)
 
 
