@@ -18,11 +18,12 @@ import binascii
 import json
 import math
 
+import grpc
 import numpy as np
 from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import types_pb2
 
-from serving.errors import invalid
+from serving.errors import ServingError, invalid
 
 _B64 = "b64"
 _DEBUG_BYTES = 256  # json_tensor.cc's kMaxJsonDebugStringBytes
@@ -135,7 +136,7 @@ def _leaf(value, dtype: int):
         if not isinstance(value, int) or not low <= value <= high:
             raise type_error()
         return value
-    raise invalid(f"Conversion of JSON Value: {debug(value)} to type: {_dtype_string(dtype)}")
+    raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"Conversion of JSON Value: {debug(value)} to type: {_dtype_string(dtype)}")
 
 
 def _fill(value, level: int, shape: list[int], dtype: int, out: list) -> None:

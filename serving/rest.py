@@ -52,6 +52,8 @@ def _model_spec(name: str, version: str | None, label: str | None) -> model_pb2.
     """FillModelSpecWithNameVersionAndLabel, after ParseModelInfo's URL-decoding."""
     spec = model_pb2.ModelSpec(name=urllib.parse.unquote(name))
     if version:
+        if int(version) >= 2**63:  # absl::SimpleAtoi into an int64
+            raise invalid(f"Failed to convert version: {version} to numeric.")
         spec.version.value = int(version)
     if label:
         spec.version_label = urllib.parse.unquote(label)

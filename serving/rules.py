@@ -18,6 +18,7 @@ from tensorflow_serving.apis import input_pb2
 
 from serving import signature_names as names
 from serving.errors import ServingError, invalid
+from serving.tensors import numpy_dtype_enum
 
 _PREDICT_METHODS = (names.PREDICT_METHOD, names.CLASSIFY_METHOD, names.REGRESS_METHOD)
 
@@ -157,8 +158,6 @@ def _shape(array: np.ndarray) -> str:
 def _dtype(array: np.ndarray) -> str:
     if array.dtype == object or array.dtype.kind in "SU":
         return "DT_STRING"
-    from serving.tensors import numpy_dtype_enum
-
     return types_pb2.DataType.Name(numpy_dtype_enum(array.dtype))
 
 

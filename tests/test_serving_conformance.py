@@ -357,6 +357,8 @@ REST_ROWS = [
     ("malformed-verb", "POST", "/v1/models/penguins:explain", {}, 400, "Malformed request: POST /v1/models/penguins:explain"),
     ("verb-case", "POST", "/v1/models/penguins:PREDICT", {}, 400, "Malformed request: POST /v1/models/penguins:PREDICT"),
     ("missing-model-name", "GET", "/v1/models", None, 400, "Missing model name in request."),
+    ("version-not-an-int64", "GET", "/v1/models/penguins/versions/99999999999999999999", None, 400,
+     "Failed to convert version: 99999999999999999999 to numeric."),
     ("unknown-model", "POST", "/v1/models/nope:predict", {"instances": [1]}, 404, "Servable not found for request: Latest(nope)"),
     ("unknown-label", "GET", "/v1/models/penguins/labels/nope/metadata", None, 400, "Unrecognized servable version label: nope"),
     ("status-unknown-version", "GET", "/v1/models/penguins/versions/9", None, 404, "Could not find version 9 of model penguins"),
