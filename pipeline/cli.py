@@ -7,6 +7,7 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
 
@@ -240,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--host", default=None, help="default: serving.host")
     predict.add_argument("--port", type=int, default=None, help="default: serving.grpc_port (or rest_port with --rest)")
     predict.add_argument("--rest", action="store_true", help="use the REST API instead of gRPC")
-    predict.add_argument("--signature", default="predict_raw", help="signature taking one tensor per feature")
+    predict.add_argument("--signature", default=PREDICT_RAW, help="signature taking one tensor per feature")
     predict.add_argument("--tls-ca", default=None, help="PEM root certificate for a TLS gRPC server")
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
