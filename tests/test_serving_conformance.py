@@ -325,6 +325,39 @@ def test_grpc_rule(servers, row):
     assert info.value.code() == code and _matches(info.value.details(), expected), (info.value.code(), info.value.details())
 
 
+# The gRPC rows that have a REST form: Classify and Regress over :classify/:regress with the same
+# examples as JSON, and the model-spec rows over :predict, answering the same text.
+_EXAMPLE_JSON = {"bill_length_mm": 40.0, "flipper_length_mm": 190, "island": "Dream"}
+_HTTP = {C.INVALID_ARGUMENT: 400, C.NOT_FOUND: 404, C.FAILED_PRECONDITION: 400}
+REST_FORMS = [r for r in GRPC_ROWS if (r[3] in ("Classify", "Regress") and "no-model-spec" not in r[0]
+                                        and "empty-input" not in r[0])
+              or r[0] in ("unknown-model", "unknown-version", "unknown-label")]
+
+
+def _rest_form(request, rpc: str) -> tuple[str, dict]:
+    spec = request.model_spec
+    path = f"/v1/models/{spec.name}"
+    if spec.HasField("version"):
+        path += f"/versions/{spec.version.value}"
+    elif spec.version_label:
+        path += f"/labels/{spec.version_label}"
+    if rpc == "Predict":
+        return f"{path}:predict", {"signature_name": spec.signature_name, "instances": [{k: [v] for k, v in _EXAMPLE_JSON.items()}]}
+    body = {"examples": [_EXAMPLE_JSON] * len(request.input.example_list.examples)}
+    if spec.signature_name:
+        body["signature_name"] = spec.signature_name
+    return f"{path}:{rpc.lower()}", body
+
+
+@pytest.mark.parametrize("row", REST_FORMS, ids=[r[0] for r in REST_FORMS])
+def test_grpc_rule_over_rest(servers, row):
+    _, check, _, rpc, build, code, expected = row
+    server, _ = servers[check]
+    path, body = _rest_form(build(server.manager.serving_root), rpc)
+    response = requests.post(f"http://127.0.0.1:{server.rest_port}{path}", json=body, timeout=30)
+    assert response.status_code == _HTTP[code] and _matches(response.json()["error"], expected), response.text
+
+
 def test_method_name_rows_pass_with_the_check_off(servers):
     """The rows that need --enable_signature_method_name_check answer without it, as TF Serving does."""
     _, channel = servers[False]
