@@ -327,16 +327,10 @@ def _values(array: np.ndarray, as_bytes: bool):
     elif array.dtype == np.float32:
         flat = [_number(v) for v in array.reshape(-1)]
     else:
-        flat = array.reshape(-1).tolist()
-    return _nest(flat, list(array.shape))
-
-
-def _nest(flat: list, shape: list[int]):
-    if not shape:
-        return flat[0]
-    for size in reversed(shape[1:]):
-        flat = [flat[i:i + size] for i in range(0, len(flat), size)] if size else [[] for _ in range(len(flat))]
-    return flat
+        return array.tolist()
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(array.shape).tolist()
 
 
 def predict_answer(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
