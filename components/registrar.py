@@ -104,6 +104,8 @@ class RegistrarExecutor(base_executor.BaseExecutor):
             git_commit=current_commit(),
             input_records=_sample_records(examples) if examples is not None else [],
             data_dirs=data_dirs,
+            accepted_changes=blessing.mlmd_artifact.custom_properties["accepted_changes"].string_value
+            if blessing is not None and "accepted_changes" in blessing.mlmd_artifact.custom_properties else "",
         ))
         logging.getLogger("loopline").info(
             "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)

@@ -72,6 +72,13 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
             f"trainer.module_file: {module} must exist at that path in the image; the image "
             f"ships the examples under {IMAGE_PREFIX}examples/"
         )
+    if config.pipeline.enable_cache:
+        warnings.append(
+            "pipeline.enable_cache: the compiled spec cannot see a new data baseline (written by each push or "
+            "`loopline data accept`) in its cache keys, so a rerun on unchanged files may reuse a schema and a "
+            "validation made against the older baseline; compile with --set pipeline.enable_cache=false for "
+            "daily runs"
+        )
     uri = config.mlflow.tracking_uri
     if config.mlflow.enabled and (uri is None or not uri.startswith(SHARED_MLFLOW_SCHEMES)):
         warnings.append(

@@ -23,7 +23,7 @@ BEAM = '["--runner=DataflowRunner","--project=p","--region=europe-west4"]'
 def remote_config(tmp_path, *overrides):
     return make_config(
         tmp_path, f"pipeline.root={ROOT}", f"data.path={DATA}", f"mlflow.tracking_uri={MLFLOW}",
-        f"pipeline.beam_args={BEAM}", *overrides,
+        f"pipeline.beam_args={BEAM}", "pipeline.enable_cache=false", *overrides,
     )
 
 
@@ -148,6 +148,7 @@ def test_mounted_volume_paths_compile_with_warnings(tmp_path):
     assert any(w.startswith("pipeline.root:") for w in result.warnings)
     assert any(w.startswith("data.path:") for w in result.warnings)
     assert any(w.startswith("mlflow.tracking_uri:") for w in result.warnings)
+    assert any(w.startswith("pipeline.enable_cache:") for w in result.warnings)  # the default is on
     job = json.loads((tmp_path / "p.json").read_text())
     assert job["runtimeConfig"]["gcsOutputDirectory"] == str(tmp_path / "mnt" / "tfx")
     assert not (tmp_path / "mnt" / "metadata.sqlite").exists()  # Kubeflow keeps ML Metadata
