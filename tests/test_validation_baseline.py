@@ -175,3 +175,21 @@ def test_schema_changes_in_words(tmp_path):
     assert "- count (INT): no longer in the data" in lines
     assert any(line.startswith("~ size: type FLOAT -> BYTES") for line in lines)
     assert any(line.startswith("~ color: domain") and "'teal'" in line for line in lines)
+
+
+def test_a_baseline_text_column_is_not_second_guessed(tmp_path):
+    """Once a baseline says a column is text (an accepted change), a split whose share of numbers
+    happens to reach validation.numeric_text_fraction is not reported as a broken numeric column."""
+    def texts(n, every):
+        data = rows(n, seed=every)
+        for i, row in enumerate(data):
+            row["size"] = "n/a" if i % every == 0 else f"{row['size']:.2f}"
+        return data
+
+    config = ValidationConfig()
+    base = {"train": stats_of(tmp_path, "base", texts(300, 7))}  # 86% numbers: inferred as text
+    write_baseline(str(tmp_path / "b"), infer_schema(base["train"], config), base, {"pushed_version": "1"})
+    baseline = read_baseline(str(tmp_path / "b"))
+    stats = {"train": stats_of(tmp_path, "new", texts(300, 11))}  # 91% numbers
+    assert validate_run(stats, baseline.schema, "baseline", baseline, config).stopping == []
+    assert validate_run(stats, infer_schema(stats["train"], config), "inferred", None, config).stopping != []

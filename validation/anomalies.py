@@ -143,7 +143,8 @@ class _Collector:
         self.problems.append(Problem(self.split, feature, T.Type.Name(kind), description))
 
 
-def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig) -> None:
+def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig,
+                   guess_numeric_text: bool = True) -> None:
     name, limit = feature.name, config.example_values
     common = common_stats(stats)
     expected = feature.type
@@ -181,7 +182,8 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
                 out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
                         f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
                         f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
-        elif expected == schema_pb2.BYTES and config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
+        elif guess_numeric_text and expected == schema_pb2.BYTES and \
+                config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
             bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
             out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
                     f"'{name}' is a numeric column ({numbers:.0%} of values are numbers) "
@@ -292,8 +294,11 @@ def validate_split(
     schema: schema_pb2.Schema,
     config: ValidationConfig,
     baseline: statistics_pb2.DatasetFeatureStatistics | None = None,
+    guess_numeric_text: bool = True,
 ) -> tuple[anomalies_pb2.Anomalies, list[Problem]]:
-    """One split's anomalies against the schema, and its skew against `baseline` (the train split)."""
+    """One split's anomalies against the schema, and its skew against `baseline` (the train split).
+    `guess_numeric_text`: report a text column of mostly numbers (validation.numeric_text_fraction)
+    as a broken numeric one; off when the schema's BYTES type was decided by a previous run."""
     out = _Collector(split)
     out.anomalies.baseline.CopyFrom(schema)
     by_name = {f.name: f for f in stats.features}
@@ -309,7 +314,7 @@ def validate_split(
                 out.add(feature.name, T.SCHEMA_MISSING_COLUMN, "Column dropped",
                         f"'{feature.name}' is in the schema but not in the data of split '{split}'.")
             continue
-        _check_feature(out, schema, feature, feature_stats, stats.num_examples, config)
+        _check_feature(out, schema, feature, feature_stats, stats.num_examples, config, guess_numeric_text)
         if feature.name in base_by_name and feature.name not in out.anomalies.anomaly_info:
             _check_skew(out, feature, feature_stats, base_by_name[feature.name], baseline.name, config)
     known = {f.name for f in schema.feature}

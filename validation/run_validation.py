@@ -67,7 +67,10 @@ def validate_run(
     found: list[Problem] = []
     train = stats.get(TRAIN)
     for split, split_stats in stats.items():
-        anomalies, problems = validate_split(split, split_stats, schema, config, None if split == TRAIN else train)
+        # Guessing "numbers with some text" from value shares is for a schema with nothing before it;
+        # a baseline decides a column's type (a numeric one takes no text at all).
+        anomalies, problems = validate_split(split, split_stats, schema, config, None if split == TRAIN else train,
+                                             guess_numeric_text=baseline is None and schema_source != "baseline")
         found += problems
         if baseline is not None:
             found += _check_against(split, split_stats, schema, schema_source, baseline, config, anomalies)
@@ -92,7 +95,7 @@ def _check_against(split, split_stats, schema, schema_source, baseline: Baseline
     schema would have said, so an accepted change is on record."""
     found = []
     if schema_source == "inferred":
-        _, changed = validate_split(split, split_stats, baseline.schema, config)
+        _, changed = validate_split(split, split_stats, baseline.schema, config, guess_numeric_text=False)
         for problem in changed:
             problem.against_baseline = True
             add_problem(anomalies, problem, "Changed against the baseline schema")

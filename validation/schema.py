@@ -115,8 +115,8 @@ def _describe_feature(schema: schema_pb2.Schema, feature: schema_pb2.Feature) ->
     if domain is not None:
         parts["domain"] = ", ".join(repr(v) for v in sorted(domain))
     for kind in ("int_domain", "float_domain"):
-        if feature.HasField(kind):
-            bounds = getattr(feature, kind)
+        bounds = getattr(feature, kind)
+        if feature.HasField(kind) and (bounds.HasField("min") or bounds.HasField("max")):
             low = f"{bounds.min:g}" if bounds.HasField("min") else "-inf"
             high = f"{bounds.max:g}" if bounds.HasField("max") else "inf"
             parts["range"] = f"[{low}, {high}]"
