@@ -17,7 +17,7 @@ def BaselineRecorder(
     pushed_model: InputArtifact[PushedModel],
     baseline_dir: Parameter[str],
 ) -> None:
-    from validation.baseline import write_baseline
+    from validation.baseline import read_baseline, write_baseline
     from validation.schema import load_schema
     from validation.statistics import read_statistics
 
@@ -28,10 +28,10 @@ def BaselineRecorder(
     splits = artifact_utils.decode_split_names(statistics.split_names)
     stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
     version = pushed_model.get_string_custom_property("pushed_version")
-    location = write_baseline(baseline_dir, load_schema(schema.uri), stats, {
-        "pushed_version": version,
-        "pushed_model": pushed_model.uri,
-        "statistics": statistics.uri,
-        "schema": schema.uri,
-    })
+    previous = read_baseline(baseline_dir)  # raises if present but unreadable
+    source = {"pushed_version": version, "pushed_model": pushed_model.uri, "statistics": statistics.uri,
+              "schema": schema.uri}
+    # The acceptance behind the baseline this run passed carries on (validation.baseline.cache_key).
+    location = write_baseline(baseline_dir, load_schema(schema.uri), stats, source,
+                              acceptance=previous.acceptance if previous is not None else "")
     log.info("baseline for the next runs: %s (pushed version %s)", location, version)

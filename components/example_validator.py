@@ -23,11 +23,11 @@ def ExampleValidator(
     anomalies: OutputArtifact[ExampleAnomalies],
     validation_config: Parameter[str],
     baseline_dir: Parameter[str] = "",
-    baseline_fingerprint: Parameter[str] = "",
+    baseline_cache_key: Parameter[str] = "",
 ) -> None:
-    """`baseline_dir`: the baseline record's folder ("" for none); `baseline_fingerprint` is only
+    """`baseline_dir`: the baseline record's folder ("" for none); `baseline_cache_key` is only
     there for the cache key."""
-    del baseline_fingerprint
+    del baseline_cache_key
     from validation.anomalies import format_problems, has_anomalies, write_anomalies
     from validation.baseline import read_baseline
     from validation.config import ValidationConfig

@@ -19,12 +19,12 @@ def SchemaGen(
     curated_schema: Parameter[str] = "",
     curated_sha256: Parameter[str] = "",
     baseline_dir: Parameter[str] = "",
-    baseline_fingerprint: Parameter[str] = "",
+    baseline_cache_key: Parameter[str] = "",
 ) -> None:
     """`validation_config` is the `validation:` section as JSON; `curated_sha256` and
-    `baseline_fingerprint` make the cache see edits to the curated file and new baselines;
+    `baseline_cache_key` make the cache see edits to the curated file and accepted baselines;
     `baseline_dir` is where the baseline record lives ("" for none)."""
-    del curated_sha256, baseline_fingerprint  # Only there for the cache key.
+    del curated_sha256, baseline_cache_key  # Only there for the cache key.
     import logging
 
     from validation.baseline import read_baseline

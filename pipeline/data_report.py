@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 
+import tensorflow as tf
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
 from pipeline.config import LooplineConfig
 from pipeline.local_runner import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
-from validation.anomalies import problems_of, read_anomalies
+from validation.anomalies import ANOMALIES_FILE, problems_of, read_anomalies
 from validation.baseline import read_baseline_folder
 from validation.report import BaselineView, write_report
 from validation.run_validation import TRAIN
@@ -58,7 +59,7 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
     anomalies = {}
     if anomalies_artifact is not None:
         for split in stats:
-            if os.path.isfile(os.path.join(anomalies_artifact.uri, f"Split-{split}", "SchemaDiff.pb")):
+            if tf.io.gfile.exists(os.path.join(anomalies_artifact.uri, f"Split-{split}", ANOMALIES_FILE)):
                 anomalies[split] = read_anomalies(os.path.join(anomalies_artifact.uri, f"Split-{split}"))
     problems = [p for split, found in anomalies.items() for p in problems_of(split, found)]
     baseline = _baseline_view(config, anomalies_artifact, anomalies, stats)

@@ -74,10 +74,9 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
         )
     if config.pipeline.enable_cache:
         warnings.append(
-            "pipeline.enable_cache: the compiled spec cannot see a new data baseline (written by each push or "
-            "`loopline data accept`) in its cache keys, so a rerun on unchanged files may reuse a schema and a "
-            "validation made against the older baseline; compile with --set pipeline.enable_cache=false for "
-            "daily runs"
+            "pipeline.enable_cache: the compiled spec cannot see the data baseline in its cache keys, so after "
+            "`loopline data accept` a rerun on unchanged files may reuse the checks that stopped it; compile with "
+            "--set pipeline.enable_cache=false for runs on data that changes"
         )
     uri = config.mlflow.tracking_uri
     if config.mlflow.enabled and (uri is None or not uri.startswith(SHARED_MLFLOW_SCHEMES)):

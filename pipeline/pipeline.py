@@ -63,26 +63,26 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         ])
     example_gen = CsvExampleGen(input_base=data_dir, input_config=input_config)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
-    from validation.baseline import fingerprint
+    from validation.baseline import cache_key
 
     baseline = data_baseline_dir(config)
-    # The cache must not reuse a schema or a check made against an older baseline. A compiled spec
-    # is fixed before the runs it serves, so it carries none (see kubeflow_runner's warning).
-    baseline_digest = fingerprint(baseline) if local_metadata else ""
+    # The cache must not reuse a schema or a check made before an accepted baseline. A compiled
+    # spec is fixed before the runs it serves, so it carries none (see kubeflow_runner's warning).
+    baseline_digest = cache_key(baseline) if local_metadata else ""
     schema_gen = SchemaGen(
         statistics=statistics_gen.outputs["statistics"],
         validation_config=config.validation.model_dump_json(),
         curated_schema=config.data.schema or "",
         curated_sha256=_module_digest(config.data.schema),
         baseline_dir=baseline,
-        baseline_fingerprint=baseline_digest,
+        baseline_cache_key=baseline_digest,
     )
     example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"],
         schema=schema_gen.outputs["schema"],
         validation_config=config.validation.model_dump_json(),
         baseline_dir=baseline,
-        baseline_fingerprint=baseline_digest,
+        baseline_cache_key=baseline_digest,
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     target = tracking_target(config)

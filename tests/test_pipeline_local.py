@@ -36,7 +36,7 @@ def test_run_pushes_a_servable_model(pipeline_run):
     assert summary.metrics["body_mass_g_rmse"] < 800  # grams; the training split's std is ~800
     assert set(summary.executions) == {
         "CsvExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "DataGate", "Trainer", "Evaluator", "Pusher",
-        "Registrar"}
+        "BaselineRecorder", "Registrar"}
     assert summary.blessed is True
 
     loaded = tf.saved_model.load(summary.pushed_path)

@@ -55,7 +55,8 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     timings = {}
 
     def run(name, rows, *extra):
-        write_csv(data, rows, list(rows[0]))
+        if rows is not None:  # None: the same file as the run before, untouched
+            write_csv(data, rows, list(rows[0]))
         started = time.monotonic()
         code = main(["run", *common, *extra])
         timings[name] = time.monotonic() - started
@@ -90,8 +91,10 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     with capsys.disabled():
         print(f"--- data accept\n{accepted}")
     assert "FLOAT_TYPE_STRING_NOT_FLOAT" in accepted and "~ bill_length_mm: type FLOAT -> BYTES" in accepted
-    code, text = run("accepted change", text_values(good))
+    code, text = run("accepted change", None)
     assert code == 0 and "blessing   blessed" in text
+    # The unchanged file's examples come from the cache; the checks made before the acceptance do not.
+    assert "CsvExampleGen: CACHED" in text and "SchemaGen: COMPLETE" in text
     assert "blessed on the thresholds alone (the data changed on purpose: loopline data accept" in text
     assert "could not be evaluated" in text  # the champion cannot parse text in bill_length_mm
     assert trained_models(root) == (2, 2)

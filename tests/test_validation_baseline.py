@@ -9,7 +9,7 @@ from tensorflow_metadata.proto.v0 import anomalies_pb2, statistics_pb2
 
 from test_validation import rows, stats_of
 from validation.anomalies import check_drift, js_divergence, linf_distance
-from validation.baseline import BaselineError, fingerprint, read_baseline, read_baseline_folder, write_baseline
+from validation.baseline import BaselineError, cache_key, read_baseline, read_baseline_folder, write_baseline
 from validation.config import ValidationConfig
 from validation.run_validation import NO_BASELINE, validate_run
 from validation.schema import infer_schema, schema_changes
@@ -82,13 +82,20 @@ def test_baseline_files_replace_atomically_and_fail_closed(tmp_path):
     stats = {"train": stats_of(tmp_path, "train", rows(50)), "eval": stats_of(tmp_path, "eval", rows(20, seed=1))}
     schema = infer_schema(stats["train"], config)
     directory = str(tmp_path / "baseline" / "m")
-    assert read_baseline(directory) is None and fingerprint(directory) == ""
+    assert read_baseline(directory) is None and cache_key(directory) == ""
     first = write_baseline(directory, schema, stats, {"pushed_version": "1"})
     second = write_baseline(directory, schema, {"train": stats["train"]}, {"pushed_version": "2"})
     current = read_baseline(directory)
     assert current.location == second and set(current.statistics) == {"train"}
     assert current.statistics["train"] == stats["train"] and current.schema == schema
     assert "pushed version 2" in current.describe()
+    # The cache key changes with an acceptance only, and a push keeps the one it replaces.
+    assert cache_key(directory) == ""
+    accepted = write_baseline(directory, schema, stats, {"statistics": "s"}, accepted="run r: [train] x: SCHEMA_NEW_COLUMN")
+    assert cache_key(directory) == accepted.rsplit("/", 1)[1] == read_baseline(directory).acceptance
+    write_baseline(directory, schema, stats, {"pushed_version": "3"}, acceptance=read_baseline(directory).acceptance)
+    assert cache_key(directory) == accepted.rsplit("/", 1)[1]
+    second = write_baseline(directory, schema, {"train": stats["train"]}, {"pushed_version": "2"})
     assert set(read_baseline_folder(first).statistics) == {"train", "eval"}  # older ones stay readable
     assert not [p for p in (tmp_path / "baseline" / "m").iterdir() if ".tmp-" in p.name]
     # A record naming a missing file, or a broken record: an error naming the file, never "no baseline".

@@ -49,6 +49,11 @@ class Baseline:
     statistics: dict[str, statistics_pb2.DatasetFeatureStatistics]
 
     @property
+    def acceptance(self) -> str:
+        """The last `loopline data accept` behind this baseline ("" for none): see cache_key."""
+        return self.record.get("acceptance") or ""
+
+    @property
     def accepted(self) -> str:
         """What was accepted into this baseline by `loopline data accept` ("" when it is a pushed run's)."""
         return self.record.get("accepted") or ""
@@ -62,14 +67,18 @@ class Baseline:
         return f"checked against the baseline: {what}"
 
 
-def fingerprint(directory: str) -> str:
-    """A digest of the current record ("" when there is none): it changes with every new baseline,
-    so the pipeline's cache does not reuse a check made against an older one."""
+def cache_key(directory: str) -> str:
+    """What the pipeline's cache must see of the baseline: the last acceptance behind it ("" when
+    none). A baseline written by a push holds the data of a run that passed against the one before,
+    so re-running that data reuses the cached checks safely; an accepted baseline must not be
+    checked through a cache filled before it (the stopped run would stop again)."""
     path = os.path.join(directory, CURRENT_FILE)
     if not tf.io.gfile.exists(path):
         return ""
-    with tf.io.gfile.GFile(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    try:
+        return str(_read_record(path).get("acceptance", ""))
+    except BaselineError:
+        return "unreadable"  # the components fail on it, naming the file
 
 
 def _read_record(path: str) -> dict:
@@ -120,17 +129,20 @@ def _load(location: str, record: dict, named_by: str) -> Baseline:
 
 def write_baseline(directory: str, schema: schema_pb2.Schema,
                    statistics: dict[str, statistics_pb2.DatasetFeatureStatistics],
-                   source: dict[str, str], accepted: str = "") -> str:
+                   source: dict[str, str], accepted: str = "", acceptance: str = "") -> str:
     """Records a new baseline; returns its folder. `source` says where it came from (artifact
-    URIs, pushed version); `accepted` describes the changes a user accepted into it."""
+    URIs, pushed version); `accepted` describes the changes a user accepted into it (it then
+    starts a new `acceptance`); else `acceptance` is the one of the baseline it replaces."""
     now = datetime.datetime.now(datetime.timezone.utc)
     folder = f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    if accepted:
+        acceptance = folder
     location = os.path.join(directory, folder)
     write_schema(location, schema)
     for split, stats in statistics.items():
         write_statistics(os.path.join(location, f"Split-{split}"), stats)
     record = {"folder": folder, "splits": sorted(statistics), "written_at": now.isoformat(timespec="seconds"),
-              "source": source, "accepted": accepted}
+              "source": source, "accepted": accepted, "acceptance": acceptance}
     with tf.io.gfile.GFile(os.path.join(location, RECORD_FILE), "w") as f:
         f.write(json.dumps(record, indent=2))
     current = os.path.join(directory, CURRENT_FILE)
