@@ -111,6 +111,10 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     assert len(runs) == 3 and len(tags) == 2
     assert tags[0].startswith("loopline data accept: run ") and tags[1].startswith("validation.accept_changes: ")
 
+    # Nothing to accept after a run that trained.
+    assert main(["data", "accept", *common]) == 2
+    assert "was not stopped by data validation: nothing to accept" in capsys.readouterr().err
+
     # The report of that run: the baseline next to the new data.
     assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()

@@ -12,7 +12,7 @@ from validation.anomalies import check_drift, js_divergence, linf_distance
 from validation.baseline import BaselineError, cache_key, read_baseline, read_baseline_folder, write_baseline
 from validation.config import ValidationConfig
 from validation.run_validation import NO_BASELINE, validate_run
-from validation.schema import infer_schema, schema_changes
+from validation.schema import infer_schema, schema_changes, schema_text_diff
 
 FNS = statistics_pb2.FeatureNameStatistics
 
@@ -182,6 +182,9 @@ def test_schema_changes_in_words(tmp_path):
     assert "- count (INT): no longer in the data" in lines
     assert any(line.startswith("~ size: type FLOAT -> BYTES") for line in lines)
     assert any(line.startswith("~ color: domain") and "'teal'" in line for line in lines)
+    # The diff to apply to a curated file by hand: unified, naming both sides.
+    diff = schema_text_diff(old, infer_schema(stats_of(tmp_path, "b", changed), config), "curated.pbtxt", "new")
+    assert diff.startswith("--- curated.pbtxt\n+++ new\n") and '+  value: "teal"' in diff
 
 
 def test_a_baseline_text_column_is_not_second_guessed(tmp_path):

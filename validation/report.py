@@ -27,16 +27,24 @@ def _safe(name: str) -> str:
 def _plot(feature: str, per_split: dict[str, FNS], path: str) -> None:
     fig, ax = plt.subplots(figsize=(5, 3))
     numeric = all(f.type in (FNS.INT, FNS.FLOAT) for f in per_split.values())
-    for split, stats in per_split.items():
+    # Categories: the 15 most frequent over all series, one bar per series side by side.
+    shares = {split: {b.label: b.sample_count for b in stats.string_stats.rank_histogram.buckets}
+              for split, stats in per_split.items()}
+    totals = {split: sum(counts.values()) or 1.0 for split, counts in shares.items()}
+    labels = sorted({v for c in shares.values() for v in c},
+                    key=lambda v: -sum(c.get(v, 0.0) / totals[s] for s, c in shares.items()))[:15]
+    for k, (split, stats) in enumerate(per_split.items()):
         if numeric:
             buckets = [b for h in stats.num_stats.histograms if h.type == statistics_pb2.Histogram.STANDARD for b in h.buckets]
             total = sum(b.sample_count for b in buckets) or 1.0
             ax.stairs([b.sample_count / total for b in buckets],
                       [buckets[0].low_value] + [b.high_value for b in buckets] if buckets else [0.0], label=split)
         else:
-            buckets = list(stats.string_stats.rank_histogram.buckets)[:15]
-            total = sum(b.sample_count for b in stats.string_stats.rank_histogram.buckets) or 1.0
-            ax.barh([f"{b.label[:20]}" for b in buckets], [b.sample_count / total for b in buckets], alpha=0.5, label=split)
+            height = 0.8 / len(per_split)
+            ax.barh([i - 0.4 + height * (k + 0.5) for i in range(len(labels))],
+                    [shares[split].get(v, 0.0) / totals[split] for v in labels], height=height, label=split)
+    if not numeric:
+        ax.set_yticks(range(len(labels)), [v[:20] for v in labels])
     ax.set_title(feature)
     ax.set_xlabel("fraction" if not numeric else feature)
     ax.legend(fontsize=7)
