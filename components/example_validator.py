@@ -52,6 +52,9 @@ def ExampleValidator(
     anomalies.set_int_custom_property("anomaly_count", len(result.stopping) + len(result.accepted))
     anomalies.set_int_custom_property("stop", 1 if result.stopping else 0)
     anomalies.set_string_custom_property("report", result.report())
+    within = [p for p in result.stopping if not p.against_baseline]
+    anomalies.set_string_custom_property("within_run_report", format_problems(within) if within else "")
+    anomalies.set_int_custom_property("stopping_against_baseline", len(result.stopping) - len(within))
     anomalies.set_string_custom_property("baseline", result.baseline)
     anomalies.set_string_custom_property("baseline_location", result.baseline_location)
     anomalies.set_string_custom_property("accepted_changes", result.accepted_changes)

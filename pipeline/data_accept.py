@@ -28,6 +28,10 @@ def _stopped_run(config: LooplineConfig):
     props = anomalies.custom_properties
     if "stop" not in props or props["stop"].int_value != 1:
         raise ConfigError(f"the newest run ({run.name}) was not stopped by data validation: nothing to accept")
+    within = props["within_run_report"].string_value if "within_run_report" in props else ""
+    if within and "stopping_against_baseline" in props and props["stopping_against_baseline"].int_value == 0:
+        raise ConfigError(f"the newest run ({run.name}) was stopped by problems within the run, which acceptance "
+                          f"does not let through (fix the data or the schema):\n{within}")
     return run.name, newest["ExampleStatistics"], anomalies
 
 
@@ -45,6 +49,10 @@ def accept_data(config: LooplineConfig) -> list[str]:
     location = write_baseline(directory, schema, stats, {"statistics": statistics.uri, "pipeline_run": run_name,
                                                          "schema": "inferred by loopline data accept"}, accepted)
     lines = [f"accepted   {accepted}", f"baseline   {location}"]
+    within = anomalies.custom_properties["within_run_report"].string_value \
+        if "within_run_report" in anomalies.custom_properties else ""
+    if within:
+        lines.append("note       problems within the run are not accepted and will stop the next run again:\n" + within)
     if previous is not None:
         changes = schema_changes(previous.schema, schema)
         lines += ["schema     changes against the previous baseline:" if changes else "schema     unchanged"]

@@ -120,5 +120,9 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     page = (tmp_path / "report" / "index.html").read_text()
     assert "drift against the baseline" in page and "baseline train" in page
     assert "~ bill_length_mm: type BYTES -&gt; FLOAT" in page
+    # A baseline that cannot be read stops the next run, naming the file (never "no baseline").
+    (root / "baseline" / "penguins" / "CURRENT.json").write_text("{truncated")
+    code, text = run("unreadable baseline", good)
+    assert code == 1 and "CURRENT.json cannot be read" in text and trained_models(root) == (3, 3)
     with capsys.disabled():
         print("timings (s): " + json.dumps({k: round(v, 1) for k, v in timings.items()}))

@@ -66,6 +66,11 @@ def test_text_in_numeric_column_stops_in_a_first_run(tmp_path, capsys):
     assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
     assert "no anomalies" not in page and "heavy" in page and 'class="bad"' in page
+    # A first run has no baseline: its problems are within the run, which acceptance cannot let through.
+    capsys.readouterr()
+    assert main(["data", "accept", *common]) == 2
+    assert "stopped by problems within the run" in capsys.readouterr().err
+    assert not (tmp_path / "ws" / "baseline").exists()
 
 
 def test_unseen_category_stops_against_curated_schema(tmp_path):
