@@ -3,7 +3,6 @@ dropped column, a shifted distribution, a new category and a minority of text va
 column each stop the run before training, naming the feature, with nothing trained or pushed;
 then accepted changes (`loopline data accept`, then `validation.accept_changes=true`) train, are
 blessed on the thresholds alone when the champion cannot read the new data, and are pushed."""
-import csv
 import json
 import time
 
@@ -42,29 +41,40 @@ def text_values(rows):
             for i, row in enumerate(rows)]
 
 
+class DailyRuns:
+    """`loopline` commands on one root and one data file, printing what each prints (with -s)."""
+
+    def __init__(self, tmp_path, capsys):
+        self.root, self.data, self.capsys = tmp_path / "ws", tmp_path / "in" / "penguins.csv", capsys
+        self.data.parent.mkdir()
+        self.common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={self.root}",
+                       "--set", f"data.path={self.data}", "--set", "trainer.epochs=1", "--set", "export.tflite_variants=[]"]
+        self.timings = {}
+
+    def cli(self, name, *args):
+        from pipeline.cli import main
+
+        started = time.monotonic()
+        code = main([*args, *self.common])
+        self.timings[name] = time.monotonic() - started
+        out = self.capsys.readouterr()
+        with self.capsys.disabled():
+            print(f"--- {name}: exit {code} in {self.timings[name]:.1f} s\n{out.out}{out.err}")
+        return code, out.out + out.err
+
+    def run(self, name, rows, *extra):
+        if rows is not None:  # None: the same file as the run before, untouched
+            write_csv(self.data, rows, list(rows[0]))
+        return self.cli(name, "run", *extra)
+
+
 def test_daily_runs_on_one_root(tmp_path, capsys):
-    from pipeline.cli import main
     from pipeline.config import load_config
     from pipeline.tracking_setup import tracking_target
     from tracking.target import make_client
 
-    root, data = tmp_path / "ws", tmp_path / "in" / "penguins.csv"
-    data.parent.mkdir()
-    common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={root}", "--set", f"data.path={data}",
-              "--set", "trainer.epochs=1", "--set", "export.tflite_variants=[]"]
-    timings = {}
-
-    def run(name, rows, *extra):
-        if rows is not None:  # None: the same file as the run before, untouched
-            write_csv(data, rows, list(rows[0]))
-        started = time.monotonic()
-        code = main(["run", *common, *extra])
-        timings[name] = time.monotonic() - started
-        out = capsys.readouterr()
-        with capsys.disabled():  # what each scenario prints, shown with -s
-            print(f"--- {name}: exit {code} in {timings[name]:.1f} s\n{out.out}{out.err}")
-        return code, out.out + out.err
-
+    days = DailyRuns(tmp_path, capsys)
+    root, run = days.root, days.run
     good = penguin_rows()
     code, text = run("good run", good)
     assert code == 0 and "no baseline yet (first run on this root)" in text and "blessing   blessed" in text
@@ -86,11 +96,8 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     assert "'Atlantis'" not in text and "body_mass_g" not in text  # each stop names its own feature
 
     # The text change is intended: accept the stopped run's data, then run again on it.
-    assert main(["data", "accept", *common]) == 0
-    accepted = capsys.readouterr().out
-    with capsys.disabled():
-        print(f"--- data accept\n{accepted}")
-    assert "FLOAT_TYPE_STRING_NOT_FLOAT" in accepted and "~ bill_length_mm: type FLOAT -> BYTES" in accepted
+    code, accepted = days.cli("data accept", "data", "accept")
+    assert code == 0 and "FLOAT_TYPE_STRING_NOT_FLOAT" in accepted and "~ bill_length_mm: type FLOAT -> BYTES" in accepted
     code, text = run("accepted change", None)
     assert code == 0 and "blessing   blessed" in text
     # The unchanged file's examples come from the cache; the checks made before the acceptance do not.
@@ -112,11 +119,11 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     assert tags[0].startswith("loopline data accept: run ") and tags[1].startswith("validation.accept_changes: ")
 
     # Nothing to accept after a run that trained.
-    assert main(["data", "accept", *common]) == 2
-    assert "was not stopped by data validation: nothing to accept" in capsys.readouterr().err
+    code, text = days.cli("nothing to accept", "data", "accept")
+    assert code == 2 and "was not stopped by data validation: nothing to accept" in text
 
     # The report of that run: the baseline next to the new data.
-    assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
+    assert days.cli("data report", "data", "report", "--out", str(tmp_path / "report"))[0] == 0
     page = (tmp_path / "report" / "index.html").read_text()
     assert "drift against the baseline" in page and "baseline train" in page
     assert "~ bill_length_mm: type BYTES -&gt; FLOAT" in page
@@ -125,4 +132,4 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
     code, text = run("unreadable baseline", good)
     assert code == 1 and "CURRENT.json cannot be read" in text and trained_models(root) == (3, 3)
     with capsys.disabled():
-        print("timings (s): " + json.dumps({k: round(v, 1) for k, v in timings.items()}))
+        print("timings (s): " + json.dumps({k: round(v, 1) for k, v in days.timings.items()}))

@@ -17,7 +17,6 @@ checking against nothing would let any change through.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import uuid
