@@ -13,6 +13,7 @@ from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
 from components.baseline_recorder import BaselineRecorder
+from components.csv_example_gen import ArrowCsvExampleGen
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
 from components.schema_gen import SchemaGen
@@ -61,7 +62,9 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
             example_gen_pb2.Input.Split(name="train", pattern=os.path.relpath(config.data.path, data_dir)),
             example_gen_pb2.Input.Split(name="eval", pattern=os.path.relpath(config.data.eval_path, data_dir)),
         ])
-    example_gen = CsvExampleGen(input_base=data_dir, input_config=input_config)
+    example_gen_class = CsvExampleGen if config.data.example_gen == "stock" else ArrowCsvExampleGen
+    # One node id whichever reads the CSV: artifact paths and summaries stay the same.
+    example_gen = example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     from validation.baseline import cache_key
 
