@@ -112,6 +112,17 @@ def test_root_data_mlflow_and_beam_args_reach_the_pods(compiled):
         assert arg in example_gen["args"]
 
 
+def test_data_baseline_lives_under_the_root_the_pods_share(compiled):
+    """No ML Metadata in the pods: the baseline is files under pipeline.root, written after the
+    Pusher and read by SchemaGen and ExampleValidator; the Evaluator sees accepted changes."""
+    _, _, job, _ = compiled
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    for task in ("SchemaGen", "ExampleValidator", "BaselineRecorder"):
+        assert tasks[task]["inputs"]["parameters"]["baseline_dir"]["runtimeValue"]["constant"] == f"{ROOT}/baseline/penguins"
+    assert "Pusher" in tasks["BaselineRecorder"]["dependentTasks"]
+    assert tasks["Evaluator"]["inputs"]["artifacts"]["anomalies"]["taskOutputArtifact"]["producerTask"] == "ExampleValidator"
+
+
 def test_json_is_a_pipeline_job_and_yaml_a_pipeline_spec(compiled, tmp_path):
     from google.protobuf import json_format
     from kfp.pipeline_spec import pipeline_spec_pb2
