@@ -29,7 +29,8 @@ def _stopped_run(config: LooplineConfig):
     if "stop" not in props or props["stop"].int_value != 1:
         raise ConfigError(f"the newest run ({run.name}) was not stopped by data validation: nothing to accept")
     within = props["within_run_report"].string_value if "within_run_report" in props else ""
-    if within and "stopping_against_baseline" in props and props["stopping_against_baseline"].int_value == 0:
+    only_within = "stopping_against_baseline" in props and props["stopping_against_baseline"].int_value == 0
+    if within and only_within and not config.data.schema:  # a curated schema's stop: the diff to apply
         raise ConfigError(f"the newest run ({run.name}) was stopped by problems within the run, which acceptance "
                           f"does not let through (fix the data or the schema):\n{within}")
     return run.name, newest["ExampleStatistics"], anomalies
@@ -52,7 +53,8 @@ def accept_data(config: LooplineConfig) -> list[str]:
     within = anomalies.custom_properties["within_run_report"].string_value \
         if "within_run_report" in anomalies.custom_properties else ""
     if within:
-        lines.append("note       problems within the run are not accepted and will stop the next run again:\n" + within)
+        lines.append("note       problems within the run (a curated schema's checks included) are not accepted "
+                     "and will stop the next run again until fixed:\n" + within)
     if previous is not None:
         changes = schema_changes(previous.schema, schema)
         lines += ["schema     changes against the previous baseline:" if changes else "schema     unchanged"]
@@ -60,8 +62,11 @@ def accept_data(config: LooplineConfig) -> list[str]:
     if config.data.schema:
         curated = load_schema(config.data.schema)
         diff = schema_text_diff(curated, schema, config.data.schema, "schema inferred from the accepted data")
-        lines += [f"data.schema is your file and stays as it is; the next runs still check against it. "
-                  f"Apply by hand what you accept:", diff or "(no difference)"]
-    lines.append("next run   trains on this data; when the champion cannot read it, the new model is blessed on "
-                 "the evaluator's thresholds alone")
+        lines += [f"data.schema  {config.data.schema} is your file and stays as it is; the next runs still check "
+                  "against it. Apply by hand what you accept:", diff or "(no difference)"]
+    if within:
+        lines.append("next run   stops again on the problems above until they are fixed")
+    else:
+        lines.append("next run   trains on this data; when the champion cannot read it, the new model is blessed on "
+                     "the evaluator's thresholds alone")
     return lines

@@ -19,7 +19,11 @@ from validation.config import ValidationConfig
 
 TRAIN = "train"  # the split the schema is inferred from and the others are compared with
 SCHEMA_SOURCES = ("curated", "baseline", "inferred")
-NO_BASELINE = "no baseline yet (first run on this root): schema inferred from this run, drift not checked"
+
+
+def _no_baseline(schema_source: str) -> str:
+    schema = "schema from data.schema" if schema_source == "curated" else "schema inferred from this run"
+    return f"no baseline yet (first run on this root): {schema}, drift not checked"
 
 
 @dataclass
@@ -27,7 +31,7 @@ class RunValidation:
     anomalies: dict[str, anomalies_pb2.Anomalies]
     stopping: list[Problem] = field(default_factory=list)
     accepted: list[Problem] = field(default_factory=list)  # against the baseline, let through
-    baseline: str = NO_BASELINE  # which baseline was used, in words
+    baseline: str = ""  # which baseline was used, in words
     baseline_location: str = ""  # its folder ("" for none)
     accepted_changes: str = ""  # what was accepted, in words ("" when nothing was)
 
@@ -61,7 +65,7 @@ def validate_run(
     "inferred" from this run (the first run, or changes being accepted)."""
     if schema_source not in SCHEMA_SOURCES:
         raise ValueError(f"schema source {schema_source!r}: expected one of {SCHEMA_SOURCES}")
-    result = RunValidation({})
+    result = RunValidation({}, baseline=_no_baseline(schema_source))
     if baseline is not None:
         result.baseline, result.baseline_location = baseline.describe(), baseline.location
     found: list[Problem] = []
