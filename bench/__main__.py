@@ -16,8 +16,21 @@ from pathlib import Path
 
 from bench.report import write_report
 
-BENCHMARKS = ["train", "serving", "tflite", "pipeline"]
+BENCHMARKS = ["train", "serving", "tflite", "pipeline"]  # `make bench` (all)
+LONG = ["scale"]  # ~10 minutes: only when named, `make bench BENCH=scale`
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def append_run(path: Path, result: dict) -> int:
+    """Adds this invocation's figures to the file's `runs` list (never overwritten); returns the
+    number of runs kept. A file written before the list existed becomes its first entry."""
+    runs = []
+    if path.exists():
+        old = json.loads(path.read_text())
+        runs = old["runs"] if isinstance(old.get("runs"), list) else [old]
+    runs.append(result)
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    return len(runs)
 
 
 def machine() -> dict:
@@ -34,12 +47,12 @@ def machine() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--only", default="all", help=f"one of {BENCHMARKS} or 'all'")
+    parser.add_argument("--only", default="all", help=f"one of {BENCHMARKS + LONG} or 'all' ({BENCHMARKS})")
     args = parser.parse_args(argv)
     names = BENCHMARKS if args.only == "all" else [args.only]
-    unknown = [n for n in names if n not in BENCHMARKS]
+    unknown = [n for n in names if n not in BENCHMARKS + LONG]
     if unknown:
-        print(f"bench: unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS}", file=sys.stderr)
+        print(f"bench: unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS + LONG}", file=sys.stderr)
         return 2
     RESULTS.mkdir(exist_ok=True)
     for name in names:
@@ -48,8 +61,9 @@ def main(argv=None) -> int:
         result = module.run()
         result["machine"] = machine()
         result["wall_seconds"] = round(time.time() - started, 1)
-        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(f"bench {name}: wrote {RESULTS / (name + '.json')}")
+        result["date"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
+        count = append_run(RESULTS / f"{name}.json", result)
+        print(f"bench {name}: run {count} added to {RESULTS / (name + '.json')}")
     print(f"bench: wrote {write_report()}")
     return 0
 

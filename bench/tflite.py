@@ -74,4 +74,4 @@ def run() -> dict:
     for name, row in rows.items():
         print(f"{name:<22}{row['size_bytes']:>10,}{row['size_vs_saved_model']:>9.3f}{row['latency_ms_1']:>10.3f}"
               f"{row['latency_1_vs_saved_model']:>8.3f}{row[f'latency_ms_{BATCH}']:>11.3f}{row[f'latency_{BATCH}_vs_saved_model']:>8.3f}")
-    return {"eval_accuracy": result.metrics["species_accuracy"], "runs": RUNS, "batch": BATCH, "models": rows}
+    return {"eval_accuracy": result.metrics["species_accuracy"], "latency_runs": RUNS, "batch": BATCH, "models": rows}

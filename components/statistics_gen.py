@@ -1,9 +1,13 @@
 """StatisticsGen: per-split feature statistics of ExampleGen's output, stored as TFDV stores
-them (`<uri>/Split-<name>/FeatureStats.pb`), so the standard component can replace it."""
+them (`<uri>/Split-<name>/FeatureStats.pb`), so the standard component can replace it.
+
+A Beam pipeline (`pipeline.beam_args` choose the runner): each split's files are summarized in
+bounded memory and the summaries merged (validation/statistics.py)."""
 
 import logging
 
-from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact
+import apache_beam as beam
+from tfx.dsl.component.experimental.annotations import BeamComponentParameter, InputArtifact, OutputArtifact
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, ExampleStatistics
@@ -11,13 +15,25 @@ from tfx.types.standard_artifacts import Examples, ExampleStatistics
 from components.splits import split_pattern
 
 
-@component
-def StatisticsGen(examples: InputArtifact[Examples], statistics: OutputArtifact[ExampleStatistics]) -> None:
-    from validation.statistics import compute_statistics, write_statistics
+@component(use_beam=True)
+def StatisticsGen(
+    examples: InputArtifact[Examples],
+    statistics: OutputArtifact[ExampleStatistics],
+    beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
+) -> None:
+    from validation.statistics import StatisticsCombineFn, split_files, write_statistics
+
+    log = logging.getLogger("loopline")
+
+    def write(stats, split: str) -> None:
+        path = write_statistics(artifact_utils.get_split_uri([statistics], split), stats)
+        log.info("statistics of split '%s' (%d examples): %s", split, stats.num_examples, path)
 
     splits = artifact_utils.decode_split_names(examples.split_names)
     statistics.split_names = artifact_utils.encode_split_names(splits)
-    for split in splits:
-        stats = compute_statistics(split_pattern(examples, split), name=split)
-        path = write_statistics(artifact_utils.get_split_uri([statistics], split), stats)
-        logging.getLogger("loopline").info("statistics of split '%s' (%d examples): %s", split, stats.num_examples, path)
+    with beam_pipeline as pipeline:
+        for split in splits:
+            (pipeline
+             | f"Files[{split}]" >> beam.Create(split_files(split_pattern(examples, split)))
+             | f"Summarize[{split}]" >> beam.CombineGlobally(StatisticsCombineFn(split))
+             | f"Write[{split}]" >> beam.Map(write, split))

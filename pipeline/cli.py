@@ -57,6 +57,13 @@ def cmd_data_report(args) -> int:
     return 0
 
 
+def cmd_data_accept(args) -> int:
+    from pipeline.data_accept import accept_data
+
+    print("\n".join(accept_data(_config(args))))
+    return 0
+
+
 def cmd_train(args) -> int:
     """The trainer alone, for fast iteration: on TFRecord splits, or straight from data.path."""
     import json
@@ -217,10 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
                           help="accept local pipeline.root/data.path: a volume mounted at that path in every pod")
     compile_.set_defaults(func=cmd_compile)
     data = sub.add_parser("data", help="data validation views").add_subparsers(dest="data_command", required=True)
-    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies")
+    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies, "
+                                            "next to its baseline's")
     _common(report)
     report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
     report.set_defaults(func=cmd_data_report)
+    accept = data.add_parser("accept", help="make the data of the newest run, stopped by data validation, the new baseline")
+    _common(accept)
+    accept.set_defaults(func=cmd_data_accept)
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,6 +47,9 @@ class DataSection(_Section):
     schema: str | None = None
     # A separate CSV for the eval split (same folder tree); null: data.path is split 2:1.
     eval_path: str | None = None
+    # The CSV reader: Arrow record batches + tfx-bsl's C++ encoder, or TFX's stock CsvExampleGen
+    # (per-line Python). Both write the same artifact.
+    example_gen: Literal["arrow", "stock"] = "arrow"
 
 
 class MlflowSection(_Section):

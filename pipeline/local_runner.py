@@ -23,11 +23,18 @@ class RunSummary:
     saved_model: str | None
     metrics: dict[str, float] = field(default_factory=dict)
     executions: dict[str, str] = field(default_factory=dict)  # component -> COMPLETE/CACHED/...
+    seconds: dict[str, float] = field(default_factory=dict)  # component -> wall time, start to publish
     blessed: bool | None = None  # None: no Evaluator ran
     blessing_reasons: list[str] = field(default_factory=list)  # every check, failed ones first
+    data_baseline: str | None = None  # what the data was checked against, in words
+    accepted_changes: str = ""  # data changes accepted for this run ("" for none)
 
     def lines(self) -> list[str]:
         out = [f"model      {self.model_name}"]
+        if self.data_baseline:
+            out.append(f"data       {self.data_baseline}")
+        if self.accepted_changes:
+            out.append(f"data       changes accepted ({self.accepted_changes})")
         out.append(f"version    {self.version or '(not pushed)'}")
         if self.pushed_path:
             out.append(f"pushed to  {self.pushed_path}")
@@ -39,6 +46,9 @@ class RunSummary:
         for key, value in sorted(self.metrics.items()):
             out.append(f"eval       {key} = {value:.4g}")
         out.append("components " + ", ".join(f"{k}: {v}" for k, v in self.executions.items()))
+        if self.seconds:
+            out.append("time       " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+                       + f" (components total {sum(self.seconds.values()):.1f}s)")
         return out
 
 
@@ -73,12 +83,16 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         raise RuntimeError(f"no pipeline run recorded in {metadata_path(config)}")
     newest = artifacts.get
 
-    executions = {}
+    executions, seconds = {}, {}
     state_names = metadata_store_pb2.Execution.State.Name
-    execution_types = {t.id: t.name for t in store.get_execution_types()}
+    node_type = store.get_context_type("node").id
     for execution in sorted(store.get_executions_by_context(run.id), key=lambda e: e.id):
-        component = execution_types[execution.type_id].rsplit(".", 1)[-1]
-        executions[component] = state_names(execution.last_known_state)
+        # The node id (the component's name in the pipeline, e.g. CsvExampleGen whichever class reads the CSV).
+        node = next(c for c in store.get_contexts_by_execution(execution.id) if c.type_id == node_type)
+        name = node.name.split(".", 1)[-1]
+        executions[name] = state_names(execution.last_known_state)
+        # ML Metadata stamps an execution when it is registered and when its outputs are published.
+        seconds[name] = max(0, execution.last_update_time_since_epoch - execution.create_time_since_epoch) / 1000
 
     model = newest("Model")
     pushed = newest("PushedModel")
@@ -92,6 +106,8 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         if "reasons" in blessing.custom_properties:
             reasons = json.loads(blessing.custom_properties["reasons"].string_value)
         reasons.sort(key=lambda r: not r.startswith("FAILED"))
+    anomalies = newest("ExampleAnomalies")
+    data_props = anomalies.custom_properties if anomalies is not None else {}
     pushed_ok = pushed is not None and pushed.custom_properties["pushed"].int_value == 1
     return RunSummary(
         model_name=config.serving.model_name,
@@ -100,8 +116,11 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         saved_model=os.path.join(model.uri, "Format-Serving") if model is not None else None,
         metrics=metrics,
         executions=executions,
+        seconds=seconds,
         blessed=blessed,
         blessing_reasons=reasons,
+        data_baseline=data_props["baseline"].string_value if "baseline" in data_props else None,
+        accepted_changes=data_props["accepted_changes"].string_value if "accepted_changes" in data_props else "",
     )
 
 

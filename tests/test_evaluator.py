@@ -184,3 +184,19 @@ def test_worse_candidate_is_not_pushed(pipeline_run, tmp_path):
     assert any(r.startswith("FAILED loss") and "vs champion" in r for r in summary.blessing_reasons), summary.blessing_reasons
     assert "NOT blessed" in "\n".join(summary.lines())
     assert os.listdir(os.path.dirname(target)) == [champion.version]  # nothing new was pushed
+
+
+def test_accepted_data_changes_bless_on_the_thresholds_when_the_champion_cannot_be_compared():
+    """The one exception to the fail-closed rule: the data changed on purpose, so a champion that
+    cannot read it does not refuse the candidate; the thresholds still bind, and the reason says why."""
+    config = EvaluatorConfig()  # on_champion_error: refuse
+    good = {"species_accuracy": 0.95, "loss": 0.20}
+    because = "the data changed on purpose: loopline data accept: run r1: [train] x: SCHEMA_MISSING_COLUMN"
+    accepted = decide(good, None, config, "/serving/m/7", champion_problem="cannot parse", thresholds_only_because=because)
+    assert accepted.blessed
+    assert f"champion not compared: cannot parse; blessed on the thresholds alone ({because})" in accepted.reasons
+    strict = config.model_copy(update={"thresholds": {"species_accuracy": Bound(min=0.99)}})
+    assert not decide(good, None, strict, champion_problem="cannot parse", thresholds_only_because=because).blessed
+    # A champion that can be compared still is: a regression refuses the candidate.
+    worse = decide(good, {"species_accuracy": 0.95, "loss": 0.1}, config, thresholds_only_because=because)
+    assert not worse.blessed

@@ -169,3 +169,51 @@ def test_bad_curated_schema_names_the_file(tmp_path):
     path.write_text("feature { nme: 'x' }")
     with pytest.raises(ValueError, match="schema.pbtxt: not a valid tensorflow-metadata Schema"):
         load_schema(str(path))
+
+
+def test_statistics_merge_across_files_as_in_one_pass(tmp_path):
+    """Beam summarizes each file apart and merges: the exact figures must equal one pass's, the
+    sketched ones stay within their stated error, and a summary's size does not grow with rows."""
+    import pickle
+
+    import apache_beam as beam
+
+    import pyarrow as pa
+
+    from validation.statistics import QUANTILES_EPS, FeatureSummary, StatisticsCombineFn
+
+    data = rows(3000, seed=1)
+    for i, row in enumerate(data):
+        row["code"] = f"c{i % 1500}"  # more distinct values than the rank histogram keeps exactly
+    files = [write_split(tmp_path / f"part{k}.gz", data[k::3]) for k in range(3)]
+    whole = stats_of(tmp_path, "train", data)
+    with beam.Pipeline() as pipeline:
+        (pipeline | beam.Create(files) | beam.CombineGlobally(StatisticsCombineFn("train"))
+         | beam.Map(lambda stats: write_statistics(str(tmp_path / "merged"), stats)))
+    merged = read_statistics(str(tmp_path / "merged"))
+    by_whole = {f.name: f for f in whole.features}
+    by_merged = {f.name: f for f in merged.features}
+    assert merged.num_examples == whole.num_examples == 3000
+    size_a, size_b = by_whole["size"].num_stats, by_merged["size"].num_stats
+    assert (size_b.min, size_b.max, size_b.common_stats.num_non_missing) == (size_a.min, size_a.max, 3000)
+    assert size_b.mean == pytest.approx(size_a.mean, rel=1e-12) and size_b.std_dev == pytest.approx(size_a.std_dev, rel=1e-9)
+    values = np.sort(np.array([r["size"] for r in data], np.float32).astype(np.float64))
+    rank = np.searchsorted(values, size_b.median) / values.size
+    assert abs(rank - 0.5) <= QUANTILES_EPS + 1 / values.size
+    standard = [h for h in size_b.histograms if h.type == statistics_pb2.Histogram.STANDARD][0]
+    exact, _ = np.histogram(values, bins=[b.low_value for b in standard.buckets] + [standard.buckets[-1].high_value])
+    assert np.abs(np.array([b.sample_count for b in standard.buckets]) - exact).max() <= 3000 * (QUANTILES_EPS + 1e-3) + 1
+    color = by_merged["color"].string_stats
+    assert color.unique == 3 and {v.value: v.frequency for v in color.top_values} == {"red": 1000, "green": 1000, "blue": 1000}
+    code = by_merged["code"].string_stats
+    assert abs(code.unique - 1500) <= 1500 * 0.05  # KMV estimate beyond its exact range
+    # A summary holds sketches of bounded size, not the values: 10x the rows pickle alike.
+    def pickled_size(n: int) -> int:
+        numbers, strings = FeatureSummary(), FeatureSummary()
+        for start in range(0, n, 4096):
+            chunk = np.random.default_rng(start).normal(size=min(4096, n - start))
+            numbers.add("x", pa.array([[v] for v in chunk], pa.large_list(pa.float32())))
+            strings.add("s", pa.array([[f"v{int(v * 1000)}".encode()] for v in chunk], pa.large_list(pa.large_binary())))
+        return len(pickle.dumps((numbers, strings)))
+
+    assert pickled_size(400_000) < 1.2 * pickled_size(40_000)

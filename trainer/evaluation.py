@@ -125,8 +125,11 @@ class Blessing:
 
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, config: EvaluatorConfig,
-           champion_path: str | None = None, champion_problem: str | None = None) -> Blessing:
-    """Applies the thresholds, then the comparison with the champion (when there is one)."""
+           champion_path: str | None = None, champion_problem: str | None = None,
+           thresholds_only_because: str | None = None) -> Blessing:
+    """Applies the thresholds, then the comparison with the champion (when there is one).
+    `thresholds_only_because`: why a champion that cannot be compared does not refuse the
+    candidate here (the data changed on purpose, so the champion may not read it)."""
     reasons: list[str] = []
     failed: list[str] = []
 
@@ -160,7 +163,9 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
         if champion_problem is not None:
             # Fail closed: a candidate that could not be compared is not known to be no worse.
             text = f"champion not compared: {champion_problem}"
-            if config.on_champion_error == "refuse":
+            if thresholds_only_because:
+                reasons.append(f"{text}; blessed on the thresholds alone ({thresholds_only_because})")
+            elif config.on_champion_error == "refuse":
                 check(False, f"{text} (evaluator.on_champion_error is refuse)")
             else:
                 reasons.append(f"{text}; blessed on the thresholds alone (evaluator.on_champion_error is thresholds_only)")
@@ -175,9 +180,10 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
 
 
-def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig) -> Blessing:
+def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
+                        thresholds_only_because: str | None = None) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
-    the same eval examples, read once."""
+    the same eval examples, read once. `thresholds_only_because`: see decide()."""
     examples = read_examples(eval_pattern, config.eval_examples)
     if not examples:
         raise ValueError(f"no eval examples in {eval_pattern}")
@@ -191,9 +197,9 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         ours = [h.name for h in heads]
         if theirs is not None and [h.name for h in theirs] != ours:
             problem = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
-            return decide(candidate, None, config, champion_dir, problem)
+            return decide(candidate, None, config, champion_dir, problem, thresholds_only_because)
         try:
             champion = evaluate_saved_model(champion_dir, examples, heads=theirs)
         except Exception as exc:  # decide() refuses the candidate unless on_champion_error allows it.
             problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
-    return decide(candidate, champion, config, champion_dir, problem)
+    return decide(candidate, champion, config, champion_dir, problem, thresholds_only_because)

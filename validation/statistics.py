@@ -1,37 +1,42 @@
 """Feature statistics of tf.Example TFRecords as a tensorflow-metadata DatasetFeatureStatistics.
 
-Records are decoded in batches to Arrow with tfx-bsl's decoder (the one TFDV uses), then each
-column is summarized with NumPy: counts and missing for all; min/max/mean/std/median, an
-equal-width and a quantiles histogram for numbers; distinct count, top values and the full rank
-histogram (up to RANK_BUCKETS values) for strings. The stored layout is TFDV's: one
-`DatasetFeatureStatisticsList` per split in `Split-<name>/FeatureStats.pb`.
+Records are decoded in batches to Arrow with tfx-bsl's decoder (the one TFDV uses) and folded
+into mergeable summaries of bounded size, so a split is summarized in one pass, in parts that
+Beam can spread over workers and merge (`StatisticsCombineFn`):
+- exact: counts, missing, values per example, min, max, mean and standard deviation (Chan's
+  parallel update), zeros, string lengths;
+- tfx-bsl's quantiles sketch (rank error <= QUANTILES_EPS): the median, the QUANTILES histogram
+  and the STANDARD (equal-width) histogram, whose counts are read off the sketch's distribution
+  at CDF_POINTS ranks, as TFDV builds it;
+- Misra-Gries (RANK_BUCKETS counters): top values and the rank histogram, exact while a feature
+  has at most RANK_BUCKETS distinct values, else each count is low by at most total / RANK_BUCKETS;
+- KMV (UNIQUE_BUCKETS hashes): the number of distinct values, exact up to UNIQUE_BUCKETS, else
+  within about 1/sqrt(UNIQUE_BUCKETS) (~1.6%).
+The stored layout is TFDV's: one `DatasetFeatureStatisticsList` per split in
+`Split-<name>/FeatureStats.pb`.
 """
 from __future__ import annotations
 
 import os
-from collections import Counter
-from dataclasses import dataclass, field
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import tensorflow as tf
 from tensorflow_metadata.proto.v0 import statistics_pb2
+from tfx_bsl import sketches
 from tfx_bsl.coders import example_coder
 
 STATS_FILE = "FeatureStats.pb"  # tfx.components.statistics_gen.executor.DEFAULT_FILE_NAME
 HISTOGRAM_BUCKETS = 10
 TOP_VALUES = 20
 RANK_BUCKETS = 1000
+UNIQUE_BUCKETS = 4096
+QUANTILES_EPS = 0.01  # TFDV's default
+CDF_POINTS = 1000
 
 FNS = statistics_pb2.FeatureNameStatistics
-
-
-@dataclass
-class _Column:
-    kind: str | None = None  # "INT", "FLOAT", "STRING"; None until a value is seen
-    present: int = 0  # examples with at least one value
-    value_counts: list[np.ndarray] = field(default_factory=list)
-    values: list[np.ndarray] = field(default_factory=list)
 
 
 def _kind(arrow_type: pa.DataType) -> str | None:
@@ -45,129 +50,269 @@ def _kind(arrow_type: pa.DataType) -> str | None:
     return None  # null: no example in this batch has the feature
 
 
-def read_columns(file_pattern: str, batch_size: int = 4096) -> tuple[int, dict[str, _Column]]:
-    """Reads GZIP TFRecords of tf.Examples; returns the number of examples and the columns."""
-    files = sorted(tf.io.gfile.glob(file_pattern))
-    if not files:
-        raise FileNotFoundError(f"no TFRecord files match {file_pattern}")
+class _Numbers:
+    """Running moments, extremes and a quantiles sketch of a numeric feature's values."""
+
+    def __init__(self):
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0  # finite values only
+        self.min, self.max = np.inf, -np.inf  # infinities included, as TFDV shows them
+        self.zeros = 0
+        self.sketch = sketches.QuantilesSketch(QUANTILES_EPS, 1 << 32, 1)
+
+    def add(self, values: np.ndarray) -> None:
+        values = values.astype(np.float64)
+        numbers = values[~np.isnan(values)]
+        if numbers.size:
+            self.min, self.max = min(self.min, numbers.min()), max(self.max, numbers.max())
+        finite = numbers[np.isfinite(numbers)]
+        if finite.size:
+            other = _Numbers.__new__(_Numbers)
+            other.count, other.mean, other.m2 = finite.size, float(finite.mean()), float(((finite - finite.mean()) ** 2).sum())
+            self._merge_moments(other)
+            self.zeros += int(np.count_nonzero(finite == 0))
+            self.sketch.AddValues(pa.array(finite))
+
+    def _merge_moments(self, other: "_Numbers") -> None:
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.mean += delta * other.count / total
+        self.m2 += other.m2 + delta * delta * self.count * other.count / total
+        self.count = total
+
+    def merge(self, other: "_Numbers") -> None:
+        if other.count:
+            self._merge_moments(other)
+        self.min, self.max, self.zeros = min(self.min, other.min), max(self.max, other.max), self.zeros + other.zeros
+        self.sketch.Merge(other.sketch)
+
+    def __getstate__(self):  # compacted first: the sketch then pickles at its bounded size
+        self.sketch.Compact()
+        return self.__dict__
+
+    def quantiles(self, buckets: int) -> np.ndarray:
+        return np.asarray(self.sketch.GetQuantiles(buckets).flatten(), np.float64)
+
+
+class _Strings:
+    """Top values (Misra-Gries), distinct count (KMV) and total length of a string feature."""
+
+    def __init__(self):
+        self.top = sketches.MisraGriesSketch(RANK_BUCKETS)
+        self.distinct = sketches.KmvSketch(UNIQUE_BUCKETS)
+        self.count, self.length = 0, 0
+
+    def add(self, values: pa.Array) -> None:
+        self.top.AddValues(values)
+        self.distinct.AddValues(values)
+        self.count += len(values)
+        self.length += int(pc.sum(pc.binary_length(values)).as_py() or 0)
+
+    def merge(self, other: "_Strings") -> None:
+        self.top.Merge(other.top)
+        self.distinct.Merge(other.distinct)
+        self.count, self.length = self.count + other.count, self.length + other.length
+
+    def __getstate__(self):  # the sketches pickle through their own serialization
+        return self.top.Serialize(), self.distinct.Serialize(), self.count, self.length
+
+    def __setstate__(self, state):
+        top, distinct, self.count, self.length = state
+        self.top = sketches.MisraGriesSketch.Deserialize(top)
+        self.distinct = sketches.KmvSketch.Deserialize(distinct)
+
+
+class FeatureSummary:
+    """One feature over a part of a split: presence, values per example, and its values' summary."""
+
+    def __init__(self):
+        self.kind: str | None = None  # "INT", "FLOAT", "STRING"; None until a value is seen
+        self.present = 0  # examples with at least one value
+        self.values = 0
+        self.min_values, self.max_values = None, None
+        self.numbers: _Numbers | None = None
+        self.strings: _Strings | None = None
+
+    def _set_kind(self, kind: str, name: str) -> None:
+        if self.kind not in (None, kind) and {self.kind, kind} != {"INT", "FLOAT"}:
+            raise ValueError(f"feature '{name}' holds both {self.kind} and {kind} values")
+        self.kind = "FLOAT" if {self.kind, kind} == {"INT", "FLOAT"} else kind
+        if self.kind == "STRING":
+            self.strings = self.strings or _Strings()
+        else:
+            self.numbers = self.numbers or _Numbers()
+
+    def add(self, name: str, array: pa.Array) -> None:
+        kind = _kind(array.type)
+        if kind is None:
+            return
+        self._set_kind(kind, name)
+        present = ~np.asarray(array.is_null())
+        lengths = np.asarray(array.value_lengths().fill_null(0), np.int64)[present]
+        if lengths.size:
+            self._count(int(present.sum()), int(lengths.sum()), int(lengths.min()), int(lengths.max()))
+        flat = array.flatten()
+        if self.kind == "STRING":
+            self.strings.add(flat)
+        else:
+            self.numbers.add(flat.to_numpy(zero_copy_only=False))
+
+    def _count(self, present: int, values: int, low, high) -> None:
+        self.present += present
+        self.values += values
+        if low is not None:
+            self.min_values = int(low) if self.min_values is None else min(self.min_values, int(low))
+            self.max_values = int(high) if self.max_values is None else max(self.max_values, int(high))
+
+    def merge(self, name: str, other: "FeatureSummary") -> None:
+        if other.kind is not None:
+            self._set_kind(other.kind, name)
+        self._count(other.present, other.values, other.min_values, other.max_values)
+        for part in ("numbers", "strings"):
+            mine, theirs = getattr(self, part), getattr(other, part)
+            if theirs is not None:
+                if mine is None:
+                    setattr(self, part, theirs)
+                else:
+                    mine.merge(theirs)
+
+    def common(self, total: int) -> statistics_pb2.CommonStatistics:
+        common = statistics_pb2.CommonStatistics(num_non_missing=self.present, num_missing=total - self.present,
+                                                  tot_num_values=self.values)
+        if self.present:
+            common.min_num_values, common.max_num_values = self.min_values, self.max_values
+            common.avg_num_values = self.values / self.present
+        return common
+
+
+def read_summaries(files: list[str], batch_size: int = 4096):
+    """(examples, {feature: FeatureSummary}) per batch of GZIP TFRecords of tf.Examples."""
     decoder = example_coder.ExamplesToRecordBatchDecoder()
-    columns: dict[str, _Column] = {}
-    total = 0
-    dataset = tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size)
-    for records in dataset.as_numpy_iterator():
+    for records in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size).as_numpy_iterator():
         try:
             batch = decoder.DecodeBatch(list(records))
         except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
-            raise ValueError(f"{file_pattern}: examples disagree on a feature's type: {exc}") from None
-        total += batch.num_rows
+            raise ValueError(f"{files}: examples disagree on a feature's type: {exc}") from None
+        features = {}
         for name, array in zip(batch.schema.names, batch.columns):
-            column = columns.setdefault(name, _Column())
-            kind = _kind(array.type)
-            if kind is None:
-                continue
-            if column.kind not in (None, kind):
-                if {column.kind, kind} == {"INT", "FLOAT"}:
-                    kind = "FLOAT"
-                else:
-                    raise ValueError(f"feature '{name}' holds both {column.kind} and {kind} values in {file_pattern}")
-            column.kind = kind
-            lengths = array.value_lengths().to_numpy(zero_copy_only=False)
-            lengths = np.nan_to_num(lengths.astype(np.float64), nan=0.0).astype(np.int64)
-            column.present += int(np.count_nonzero(~np.asarray(array.is_null())))
-            column.value_counts.append(lengths[~np.asarray(array.is_null())])
-            flat = array.flatten()
-            column.values.append(flat.to_numpy(zero_copy_only=False))
-    return total, columns
+            features[name] = FeatureSummary()
+            features[name].add(name, array)
+        yield batch.num_rows, features
 
 
-def _common(column: _Column, total: int) -> statistics_pb2.CommonStatistics:
-    counts = np.concatenate(column.value_counts) if column.value_counts else np.zeros(0, np.int64)
-    common = statistics_pb2.CommonStatistics(
-        num_non_missing=column.present,
-        num_missing=total - column.present,
-        tot_num_values=int(counts.sum()),
-    )
-    if counts.size:
-        common.min_num_values = int(counts.min())
-        common.max_num_values = int(counts.max())
-        common.avg_num_values = float(counts.mean())
-    return common
+def merge_summaries(parts) -> tuple[int, dict[str, FeatureSummary]]:
+    total, merged = 0, {}
+    for examples, features in parts:
+        total += examples
+        for name, summary in features.items():
+            if name in merged:
+                merged[name].merge(name, summary)
+            else:
+                merged[name] = summary
+    return total, merged
 
 
-def _standard_histogram(values: np.ndarray) -> statistics_pb2.Histogram:
+def _standard_histogram(numbers: _Numbers) -> statistics_pb2.Histogram:
+    """Equal-width buckets between the finite min and max; counts from the sketch's distribution."""
     histogram = statistics_pb2.Histogram(type=statistics_pb2.Histogram.STANDARD)
-    if values.size == 0:
+    if not numbers.count:
         return histogram
-    counts, edges = np.histogram(values, bins=HISTOGRAM_BUCKETS)
-    for low, high, count in zip(edges[:-1], edges[1:], counts):
-        histogram.buckets.add(low_value=float(low), high_value=float(high), sample_count=float(count))
+    points = numbers.quantiles(CDF_POINTS)
+    low, high = points[0], points[-1]
+    edges = np.linspace(low, high, HISTOGRAM_BUCKETS + 1)
+    ranks = np.interp(edges, points, np.linspace(0.0, 1.0, CDF_POINTS + 1))
+    ranks[0], ranks[-1] = 0.0, 1.0
+    cumulative = np.round(ranks * numbers.count)
+    for a, b, count in zip(edges[:-1], edges[1:], np.diff(cumulative)):
+        histogram.buckets.add(low_value=float(a), high_value=float(b), sample_count=float(count))
     return histogram
 
 
-def _quantiles_histogram(values: np.ndarray) -> statistics_pb2.Histogram:
+def _quantiles_histogram(numbers: _Numbers) -> statistics_pb2.Histogram:
     histogram = statistics_pb2.Histogram(type=statistics_pb2.Histogram.QUANTILES)
-    if values.size == 0:
+    if not numbers.count:
         return histogram
-    edges = np.quantile(values, np.linspace(0.0, 1.0, HISTOGRAM_BUCKETS + 1))
-    per_bucket = values.size / HISTOGRAM_BUCKETS
+    edges = numbers.quantiles(HISTOGRAM_BUCKETS)
     for low, high in zip(edges[:-1], edges[1:]):
-        histogram.buckets.add(low_value=float(low), high_value=float(high), sample_count=per_bucket)
+        histogram.buckets.add(low_value=float(low), high_value=float(high), sample_count=numbers.count / HISTOGRAM_BUCKETS)
     return histogram
 
 
-def _numeric(name: str, column: _Column, total: int) -> statistics_pb2.FeatureNameStatistics:
-    values = np.concatenate(column.values).astype(np.float64) if column.values else np.zeros(0)
-    finite = values[np.isfinite(values)]
-    stats = statistics_pb2.NumericStatistics(common_stats=_common(column, total))
-    numbers = values[~np.isnan(values)]
-    if numbers.size:  # min and max show infinities, as TFDV's do; the rest is of the finite values
-        stats.min = float(numbers.min())
-        stats.max = float(numbers.max())
-    if finite.size:
-        stats.mean = float(finite.mean())
-        stats.std_dev = float(finite.std())
-        stats.median = float(np.median(finite))
-        stats.num_zeros = int(np.count_nonzero(finite == 0))
-    stats.histograms.append(_standard_histogram(finite))
-    stats.histograms.append(_quantiles_histogram(finite))
-    kind = FNS.INT if column.kind == "INT" else FNS.FLOAT
-    return FNS(name=name, type=kind, num_stats=stats)
+def _numeric(name: str, summary: FeatureSummary, total: int) -> FNS:
+    numbers = summary.numbers
+    stats = statistics_pb2.NumericStatistics(common_stats=summary.common(total))
+    if numbers.min <= numbers.max:  # some value that is not NaN
+        stats.min, stats.max = float(numbers.min), float(numbers.max)
+    if numbers.count:
+        stats.mean = numbers.mean
+        stats.std_dev = float(np.sqrt(numbers.m2 / numbers.count))
+        stats.median = float(numbers.quantiles(2)[1])
+        stats.num_zeros = numbers.zeros
+    stats.histograms.append(_standard_histogram(numbers))
+    stats.histograms.append(_quantiles_histogram(numbers))
+    return FNS(name=name, type=FNS.INT if summary.kind == "INT" else FNS.FLOAT, num_stats=stats)
 
 
-def _string(name: str, column: _Column, total: int) -> statistics_pb2.FeatureNameStatistics:
-    counter: Counter[bytes] = Counter()
-    lengths = 0
-    for chunk in column.values:
-        for value in chunk:
-            counter[value] += 1
-            lengths += len(value)
-    stats = statistics_pb2.StringStatistics(common_stats=_common(column, total), unique=len(counter))
-    seen = sum(counter.values())
-    if seen:
-        stats.avg_length = lengths / seen
-    ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+def _string(name: str, summary: FeatureSummary, total: int) -> FNS:
+    strings = summary.strings
+    stats = statistics_pb2.StringStatistics(common_stats=summary.common(total), unique=strings.distinct.Estimate())
+    if strings.count:
+        stats.avg_length = strings.length / strings.count
+    top = strings.top.Estimate()
+    values, counts = top.field(0).to_pylist(), top.field(1).to_pylist()
+    ranked = sorted(zip(values, counts), key=lambda item: (-item[1], item[0]))
     for value, count in ranked[:TOP_VALUES]:
         stats.top_values.add(value=value.decode("utf-8", "replace"), frequency=float(count))
-    for rank, (value, count) in enumerate(ranked[:RANK_BUCKETS]):
-        stats.rank_histogram.buckets.add(
-            low_rank=rank, high_rank=rank, label=value.decode("utf-8", "replace"), sample_count=float(count)
-        )
+    for rank, (value, count) in enumerate(ranked):
+        stats.rank_histogram.buckets.add(low_rank=rank, high_rank=rank, label=value.decode("utf-8", "replace"),
+                                         sample_count=float(count))
     return FNS(name=name, type=FNS.STRING, string_stats=stats)
 
 
-def compute_statistics(file_pattern: str, name: str) -> statistics_pb2.DatasetFeatureStatistics:
-    """Statistics of one split (`name`, e.g. "train") read from `file_pattern`."""
-    total, columns = read_columns(file_pattern)
+def to_statistics(name: str, total: int, features: dict[str, FeatureSummary]) -> statistics_pb2.DatasetFeatureStatistics:
     dataset = statistics_pb2.DatasetFeatureStatistics(name=name, num_examples=total)
-    for feature, column in sorted(columns.items()):
-        if column.kind == "STRING":
-            dataset.features.append(_string(feature, column, total))
-        elif column.kind in ("INT", "FLOAT"):
-            dataset.features.append(_numeric(feature, column, total))
+    for feature, summary in sorted(features.items()):
+        if summary.kind == "STRING":
+            dataset.features.append(_string(feature, summary, total))
+        elif summary.kind in ("INT", "FLOAT"):
+            dataset.features.append(_numeric(feature, summary, total))
         else:  # The feature key exists but never holds a value: record it as all missing.
-            empty = statistics_pb2.StringStatistics(common_stats=_common(column, total))
+            empty = statistics_pb2.StringStatistics(common_stats=summary.common(total))
             dataset.features.append(FNS(name=feature, type=FNS.STRING, string_stats=empty))
     return dataset
+
+
+def split_files(file_pattern: str) -> list[str]:
+    files = sorted(tf.io.gfile.glob(file_pattern))
+    if not files:
+        raise FileNotFoundError(f"no TFRecord files match {file_pattern}")
+    return files
+
+
+def compute_statistics(file_pattern: str, name: str) -> statistics_pb2.DatasetFeatureStatistics:
+    """Statistics of one split (`name`, e.g. "train") read from `file_pattern`, in this process."""
+    try:
+        return to_statistics(name, *merge_summaries(read_summaries(split_files(file_pattern))))
+    except ValueError as exc:
+        raise ValueError(f"{file_pattern}: {exc}") from None
+
+
+class StatisticsCombineFn(beam.CombineFn):
+    """A split's statistics from its files (each file summarized where Beam runs it, then merged)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def create_accumulator(self):
+        return 0, {}
+
+    def add_input(self, accumulator, path: str):
+        return merge_summaries([accumulator, *read_summaries([path])])
+
+    def merge_accumulators(self, accumulators):
+        return merge_summaries(accumulators)
+
+    def extract_output(self, accumulator) -> statistics_pb2.DatasetFeatureStatistics:
+        return to_statistics(self._name, *accumulator)
 
 
 def write_statistics(split_dir: str, stats: statistics_pb2.DatasetFeatureStatistics) -> str:

@@ -1,0 +1,148 @@
+"""A CSV ExampleGen that reads the file in Arrow record batches (ingestion/csv_records.py) and
+writes the stock CsvExampleGen's artifact: the same split names, the same rows in each split
+(TFX's hash-bucket rule on the same serialized examples), the same feature types, GZIP TFRecords.
+
+It is still a Beam pipeline (files -> record batches -> tf.Examples -> splits -> files), so
+`pipeline.beam_args` runs it on Dataflow, Flink or Spark, and every element is a batch, not a row.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filebasedsink import FileBasedSink
+from apache_beam.io.filesystem import CompressionTypes
+from tfx.components.example_gen import component as example_gen_component
+from tfx.components.example_gen import utils
+from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
+from tfx.components.example_gen.write_split import DEFAULT_TF_RECORD_FILE_NAME
+from tfx.dsl.components.base import executor_spec
+from tfx.dsl.io import fileio
+from tfx.proto import example_gen_pb2
+from tfx.types import artifact_utils, standard_component_specs
+from tfx.utils import proto_utils
+
+from ingestion import csv_records
+
+
+class _InferTypes(beam.CombineFn):
+    """Column types over every batch of a split (the stock ColumnTypeInferrer's rule)."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, types, batch):
+        return csv_records.merge_types(types, {n: csv_records.column_type(batch.column(n)) for n in batch.schema.names})
+
+    def merge_accumulators(self, accumulators):
+        return functools.reduce(csv_records.merge_types, accumulators, {})
+
+    def extract_output(self, types):
+        return types
+
+
+class _EncodeAndSplit(beam.DoFn):
+    """A record batch to TFRecord-framed tf.Examples, one element per output split."""
+
+    def __init__(self, split_names: list[str], buckets: list[int] | None):
+        self._split_names = split_names
+        self._buckets = buckets
+
+    def process(self, batch, types):
+        records = csv_records.encode(batch, types)
+        parts = csv_records.partition(records, self._buckets) if self._buckets else [records]
+        for name, part in zip(self._split_names, parts):
+            if part:
+                yield beam.pvalue.TaggedOutput(name, csv_records.tfrecord_frames(part))
+
+
+class _FramedRecordsSink(FileBasedSink):
+    """Writes elements that are already TFRecord-framed bytes (GZIP, from the `.gz` suffix)."""
+
+    def __init__(self, file_path_prefix: str):
+        super().__init__(file_path_prefix, coder=beam.coders.BytesCoder(), file_name_suffix=".gz",
+                         compression_type=CompressionTypes.AUTO)
+
+    def write_encoded_record(self, file_handle, value: bytes) -> None:
+        file_handle.write(value)
+
+
+def _split_files(pattern: str) -> tuple[list[str], list[str]]:
+    """The files of one input split and their common header."""
+    files = sorted(fileio.glob(pattern))
+    if not files:
+        raise RuntimeError(f"Split pattern {pattern} does not match any files.")
+    names = csv_records.read_header(files[0])
+    for path in files[1:]:
+        if csv_records.read_header(path) != names:
+            raise RuntimeError(f"Files in same split {pattern} have different header.")
+    return files, names
+
+
+def _examples(pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None):
+    """Reads one input split; returns its framed records tagged by output split name."""
+    files, names = _split_files(pattern)
+    paths = pipeline | f"Files[{label}]" >> beam.Create(files)
+    read = functools.partial(csv_records.read_batches, names=names)
+    # Types need the whole split first; the files are read twice rather than held in memory.
+    types = paths | f"ReadForTypes[{label}]" >> beam.FlatMap(read) | f"InferTypes[{label}]" >> beam.CombineGlobally(_InferTypes())
+    return (paths
+            | f"Read[{label}]" >> beam.FlatMap(read)
+            | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(split_names, buckets), beam.pvalue.AsSingleton(types))
+            .with_outputs(*split_names))
+
+
+class Executor(BaseExampleGenExecutor):
+    """The stock executor's Do, with batch elements from input to files."""
+
+    def GetInputSourceToExamplePTransform(self) -> beam.PTransform:
+        raise NotImplementedError("reads record batches in GenerateExamplesByBeam")
+
+    def GenerateExamplesByBeam(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, beam.PCollection]:
+        """Framed-record PCollections by output split name."""
+        input_config = example_gen_pb2.Input()
+        proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+        output_config = example_gen_pb2.Output()
+        proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
+        split_names = utils.generate_output_split_names(input_config, output_config)
+        input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
+        if output_config.split_config.splits:
+            if output_config.split_config.HasField("partition_feature_name"):
+                raise ValueError("the Arrow CSV ExampleGen splits by whole examples; use data.example_gen: stock")
+            buckets, total = [], 0
+            for split in output_config.split_config.splits:
+                total += split.hash_buckets
+                buckets.append(total)
+            pattern = os.path.join(input_base, input_config.splits[0].pattern)
+            tagged = _examples(pipeline, "all", pattern, split_names, buckets)
+            return {name: tagged[name] for name in split_names}
+        return {
+            name: _examples(pipeline, name, os.path.join(input_base, split.pattern), [name], None)[name]
+            for name, split in zip(split_names, input_config.splits)
+        }
+
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        self._log_startup(input_dict, output_dict, exec_properties)
+        examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
+        input_config = example_gen_pb2.Input()
+        proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+        output_config = example_gen_pb2.Output()
+        proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
+        examples.split_names = artifact_utils.encode_split_names(utils.generate_output_split_names(input_config, output_config))
+        with self._make_beam_pipeline() as pipeline:
+            for name, framed in self.GenerateExamplesByBeam(pipeline, exec_properties).items():
+                prefix = os.path.join(artifact_utils.get_split_uri([examples], name), DEFAULT_TF_RECORD_FILE_NAME)
+                framed | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix))
+        payload_format = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
+        if payload_format:
+            from tfx.components.util import examples_utils
+
+            examples_utils.set_payload_format(examples, payload_format)
+
+
+class ArrowCsvExampleGen(example_gen_component.FileBasedExampleGen):
+    """CsvExampleGen's component spec and driver with the Arrow executor."""
+
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
