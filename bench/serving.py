@@ -1,15 +1,19 @@
-"""Serving benchmark: the embedded server over gRPC vs `mlflow models serve` (REST) vs an
-in-process SavedModel call (the floor), on the same model, batch 1, at 1 and 16 concurrent
-clients. Figures come from one run, side by side; the clients share the machine with the servers.
-Two more points split the overhead: a gRPC server that runs no model (transport alone) and the
-server's own Session call of the model in process.
+"""Serving benchmark: the embedded server over gRPC and over REST vs `mlflow models serve` on the
+registered model (REST) vs an in-process SavedModel call (the floor), on the same model, batch 1,
+at 1 and 16 concurrent clients. Figures come from one run, side by side; the clients share the
+machine with the servers. Two more points split the overhead: a gRPC server that runs no model
+(transport alone) and the server's own Session call of the model in process. REST clients keep
+their connections alive (one requests.Session per client thread), as Java and Go clients do.
+Every run's headline figures are appended to `runs` in the JSON, so noise shows.
 
     python -m bench --only serving
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -186,16 +190,42 @@ def _env() -> dict:
 # requests/s at 16 clients on 2 cores). The no-model gRPC server is pinned the same way.
 SERVER_CPU = max(os.sched_getaffinity(0))
 SERVER_SETTINGS = [f"serving.cpus=[{SERVER_CPU}]", "serving.batching.num_batch_threads=1"]
+# REST against mlflow: both unpinned, each with its own defaults.
+REST_SETTINGS: list[str] = []
 
 
-def ours(serving_root: Path) -> dict:
+REST_BODY = json.dumps({"signature_name": "predict_raw", "instances": [{k: [v] for k, v in ROW.items()}]}).encode()
+
+
+def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY) -> dict:
+    """POSTs `body` to `url`, one kept-alive requests.Session per client thread."""
+    import requests
+
+    results = {}
+    for c in concurrency:
+        local = threading.local()
+
+        def call():
+            if not hasattr(local, "session"):
+                local.session = requests.Session()
+            response = local.session.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=10)
+            response.raise_for_status()
+            return response
+
+        results[f"c{c}"] = measure(call, c)
+    return results
+
+
+def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc") -> dict:
     grpc_port, rest_port = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--serving-root", str(serving_root),
                              "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
-                             *[a for s in SERVER_SETTINGS for a in ("--set", s)]],
+                             *[a for s in settings for a in ("--set", s)]],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
+        if api == "rest":
+            return rest_clients(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict", REST_BODY)
         return grpc_clients(grpc_port)
     finally:
         stop(proc)
@@ -214,54 +244,58 @@ def grpc_floor() -> dict:
         stop(proc)
 
 
-def mlflow_model(saved_model: Path, target: Path) -> Path:
-    import mlflow.pyfunc
+def registered_model(saved_model: Path, folder: Path) -> str:
+    """Logs and registers the export as the pipeline's Registrar does (tracking.logged_model, the
+    loopline pyfunc) in an embedded store; returns its tracking URI (the model is penguins/1)."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
 
-    class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
-        def load_context(self, context):
-            import tensorflow as tf
+    from tracking.logged_model import log_saved_model, register
 
-            self._fn = tf.saved_model.load(context.artifacts["saved_model"]).signatures["predict_raw"]
-
-        def predict(self, context, model_input, params=None):
-            import tensorflow as tf
-
-            inputs = {
-                "bill_length_mm": tf.constant(model_input["bill_length_mm"].to_numpy(np.float32).reshape(-1, 1)),
-                "flipper_length_mm": tf.constant(model_input["flipper_length_mm"].to_numpy(np.float32).reshape(-1, 1)),
-                "island": tf.constant(model_input["island"].astype(str).to_numpy().reshape(-1, 1)),
-            }
-            return self._fn(**inputs)["scores"].numpy()
-
-    mlflow.pyfunc.save_model(str(target), python_model=SavedModelPyfunc(), artifacts={"saved_model": str(saved_model)})
-    return target
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("bench", artifact_location=(folder / "artifacts").as_uri())
+    run = client.create_run(experiment)
+    model_uri = log_saved_model(uri, run.info.run_id, str(saved_model), pd.DataFrame([ROW]))
+    client.set_terminated(run.info.run_id)
+    register(client, uri, model_uri, "penguins", run.info.run_id, {})
+    return uri
 
 
-def mlflow_serve(model_path: Path) -> dict:
-    import requests
-
+def mlflow_serve(tracking_uri: str) -> dict:
+    """`mlflow models serve -m models:/penguins/1` (unpinned), one DataFrame row per request."""
     port = free_port()
     # mlflow starts `uvicorn` by name: put this interpreter's bin folder on PATH.
-    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", str(model_path), "-h", "127.0.0.1",
+    env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri,
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/penguins/1", "-h", "127.0.0.1",
                              "-p", str(port), "--env-manager", "local"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/ping", proc, timeout=180)
-        body = {"dataframe_split": {"columns": list(ROW), "data": [list(ROW.values())]}}
-        url = f"http://127.0.0.1:{port}/invocations"
-        local = threading.local()
-
-        def call():
-            if not hasattr(local, "session"):
-                local.session = requests.Session()
-            response = local.session.post(url, json=body, timeout=10)
-            response.raise_for_status()
-            return response
-
-        return {f"c{c}": measure(call, c) for c in CONCURRENCY}
+        body = json.dumps({"dataframe_split": {"columns": list(ROW), "data": [list(ROW.values())]}}).encode()
+        return rest_clients(f"http://127.0.0.1:{port}/invocations", body)
     finally:
-        stop(proc)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """mlflow's uvicorn children outlive their parent: stop the whole process group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def previous_runs() -> list:
+    path = Path(__file__).resolve().parent / "results" / "serving.json"
+    try:
+        return json.loads(path.read_text()).get("runs", [])
+    except (OSError, ValueError):
+        return []
 
 
 def run() -> dict:
@@ -275,7 +309,8 @@ def run() -> dict:
         write_serving_configs(str(serving_root), ServingConfig())
         results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
                    "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
-                   "mlflow_rest": mlflow_serve(mlflow_model(saved_model, work / "mlflow_model"))}
+                   "loopline_rest": ours(serving_root, settings=REST_SETTINGS, api="rest"),
+                   "mlflow_rest": mlflow_serve(registered_model(saved_model, work))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
@@ -286,16 +321,25 @@ def run() -> dict:
     results["grpc_floor_overhead_ms_c1"] = round(results["grpc_floor"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
     results["p50_overhead_vs_session_ms_c1"] = round(
         results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process_session"]["c1"]["p50_ms"], 3)
-    results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5"}
+    results["rest_ratio_vs_mlflow_c16"] = round(results["loopline_rest"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
+    results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5",
+                          "rest_ratio_vs_mlflow_c16": ">= 3", "loopline_rest.c1.p50_ms": "<= 2"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
-    results["loopline_settings"] = SERVER_SETTINGS
-    for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "mlflow_rest"):
+    results["loopline_settings"] = {"grpc": SERVER_SETTINGS, "rest": REST_SETTINGS}
+    results["runs"] = previous_runs() + [{
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{f"{name}_{c}": {k: results[name][c][k] for k in ("p50_ms", "req_per_s")}
+           for name in ("loopline_grpc", "loopline_rest", "mlflow_rest") for c in ("c1", "c16")},
+        "ratio_vs_mlflow_c16": results["ratio_vs_mlflow_c16"], "rest_ratio_vs_mlflow_c16": results["rest_ratio_vs_mlflow_c16"]}]
+    for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "loopline_rest", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
                 continue
             r = results[name][f"c{c}"]
             print(f"  {name:18s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
-    print(f"  ratio vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "
+    print(f"  REST vs mlflow at 16 clients: {results['rest_ratio_vs_mlflow_c16']}x; REST p50 at 1 client: "
+          f"{results['loopline_rest']['c1']['p50_ms']} ms")
+    print(f"  gRPC vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "
           f"p50 overhead at 1 client: {results['p50_overhead_ms_c1']} ms "
           f"(a gRPC call that runs no model: {results['grpc_floor']['c1']['p50_ms']} ms; "
           f"vs the server's own call in process: {results['p50_overhead_vs_session_ms_c1']} ms)")

@@ -14,7 +14,7 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types.standard_artifacts import Examples, Model, ModelBlessing
+from tfx.types.standard_artifacts import ExampleAnomalies, Examples, Model, ModelBlessing
 from tfx.utils import path_utils
 
 from components.splits import split_pattern
@@ -30,9 +30,12 @@ def Evaluator(
     serving_root: Parameter[str] = "",
     model_name: Parameter[str] = "",
     champion_label: Parameter[str] = "",
+    anomalies: InputArtifact[ExampleAnomalies] = None,
 ) -> None:
     """`evaluator_config` is the `evaluator:` section as JSON; the champion is looked up in
-    `serving_root` ("" for none) for `model_name`, by `champion_label` first."""
+    `serving_root` ("" for none) for `model_name`, by `champion_label` first. When the data
+    validation accepted changes to the data (`anomalies`' `accepted_changes`), a champion that
+    cannot read the new data does not refuse the candidate: it is blessed on the thresholds alone."""
     from trainer.evaluation import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
     from trainer.export_config import EvaluatorConfig
@@ -42,7 +45,9 @@ def Evaluator(
     eval_pattern = split_pattern(examples, "eval")
     candidate = path_utils.serving_model_path(model.uri)
     champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
-    decision = evaluate_and_decide(candidate, eval_pattern, champion, config)
+    accepted = anomalies.get_string_custom_property("accepted_changes") if anomalies is not None else ""
+    because = f"the data changed on purpose: {accepted}" if accepted else None
+    decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because)
     log.info("model %s", decision.summary())
 
     import tensorflow as tf
@@ -64,5 +69,6 @@ def Evaluator(
     blessing.set_int_custom_property("current_model_id", model.id)
     blessing.set_string_custom_property("baseline_model", decision.champion_path or "")
     blessing.set_string_custom_property("reasons", json.dumps(decision.reasons))
+    blessing.set_string_custom_property("accepted_changes", accepted)
     for key, value in decision.candidate.items():
         blessing.set_float_custom_property(f"eval_{key}", float(value))

@@ -1,8 +1,10 @@
-"""ExampleValidator: checks every split's statistics against the schema and the eval split
-against the train split; writes `<uri>/Split-<name>/SchemaDiff.pb` (tensorflow-metadata
-Anomalies) and the `blessed` property as TFX's ExampleValidator does.
+"""ExampleValidator: checks every split's statistics against the schema, the eval split against
+the train split (skew) and every split against the baseline's same split (drift); writes
+`<uri>/Split-<name>/SchemaDiff.pb` (tensorflow-metadata Anomalies, with `drift_skew_info`) and the
+`blessed` property as TFX's ExampleValidator does, plus `stop`, `report`, `baseline` and
+`accepted_changes` for the steps after it.
 
-DataGate stops the pipeline before the Trainer when anomalies were found (unless
+DataGate stops the pipeline before the Trainer when anomalies stop the run (unless
 `validation.warn_only`). It is a step of its own because TFX deletes a failed component's
 outputs: the validator must succeed for its anomalies to stay readable (`loopline data report`)."""
 
@@ -13,8 +15,6 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import ExampleAnomalies, ExampleStatistics, Schema
 
-BASELINE_SPLIT = "train"
-
 
 @component
 def ExampleValidator(
@@ -22,42 +22,60 @@ def ExampleValidator(
     schema: InputArtifact[Schema],
     anomalies: OutputArtifact[ExampleAnomalies],
     validation_config: Parameter[str],
+    baseline_dir: Parameter[str] = "",
+    baseline_cache_key: Parameter[str] = "",
 ) -> None:
-    from validation.anomalies import format_problems, has_anomalies, validate_split, write_anomalies
+    """`baseline_dir`: the baseline record's folder ("" for none); `baseline_cache_key` is only
+    there for the cache key."""
+    del baseline_cache_key
+    from validation.anomalies import format_problems, has_anomalies, write_anomalies
+    from validation.baseline import read_baseline
     from validation.config import ValidationConfig
+    from validation.run_validation import validate_run
     from validation.schema import load_schema
     from validation.statistics import read_statistics
 
     log = logging.getLogger("loopline")
     config = ValidationConfig.model_validate_json(validation_config)
-    expected = load_schema(schema.uri)
     splits = artifact_utils.decode_split_names(statistics.split_names)
     stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
-    baseline = stats.get(BASELINE_SPLIT)
+    baseline = read_baseline(baseline_dir) if baseline_dir else None  # raises if present but unreadable
+    source = schema.get_string_custom_property("source") or ("curated" if baseline is None else "baseline")
+    result = validate_run(stats, load_schema(schema.uri), source, baseline, config)
+
     anomalies.split_names = artifact_utils.encode_split_names(splits)
-    blessed, problems = {}, []
+    blessed = {}
     for split in splits:
-        result, found = validate_split(split, stats[split], expected, config, None if split == BASELINE_SPLIT else baseline)
-        write_anomalies(artifact_utils.get_split_uri([anomalies], split), result)
-        blessed[split] = 0 if has_anomalies(result) else 1
-        problems += found
+        write_anomalies(artifact_utils.get_split_uri([anomalies], split), result.anomalies[split])
+        blessed[split] = 0 if has_anomalies(result.anomalies[split]) else 1
     anomalies.set_json_value_custom_property("blessed", blessed)
-    anomalies.set_int_custom_property("anomaly_count", len(problems))
-    report = format_problems(problems) if problems else ""
-    anomalies.set_string_custom_property("report", report)
-    if problems:
-        log.warning("%s", report)
+    anomalies.set_int_custom_property("anomaly_count", len(result.stopping) + len(result.accepted))
+    anomalies.set_int_custom_property("stop", 1 if result.stopping else 0)
+    anomalies.set_string_custom_property("report", result.report())
+    within = [p for p in result.stopping if not p.against_baseline]
+    anomalies.set_string_custom_property("within_run_report", format_problems(within) if within else "")
+    anomalies.set_int_custom_property("stopping_against_baseline", len(result.stopping) - len(within))
+    anomalies.set_string_custom_property("baseline", result.baseline)
+    anomalies.set_string_custom_property("baseline_location", result.baseline_location)
+    anomalies.set_string_custom_property("accepted_changes", result.accepted_changes)
+    log.info("data validation: %s", result.baseline)
+    if result.stopping:
+        log.warning("%s", result.report())
+    elif result.accepted:
+        log.warning("changes accepted (validation.accept_changes):\n%s", format_problems(result.accepted))
     else:
         log.info("data validation: no anomalies in splits %s", ", ".join(splits))
 
 
 @component
 def DataGate(anomalies: InputArtifact[ExampleAnomalies], warn_only: Parameter[int] = 0) -> None:
-    """Raises DataAnomaliesError (with the readable report) when a split is not blessed."""
+    """Raises DataAnomaliesError (with the readable report) when the validator says stop."""
     from validation.anomalies import DataAnomaliesError
 
     blessed = anomalies.get_json_value_custom_property("blessed") or {}
-    if all(int(v) == 1 for v in blessed.values()):
+    stop = anomalies.get_int_custom_property("stop") if anomalies.has_custom_property("stop") else \
+        int(not all(int(v) == 1 for v in blessed.values()))
+    if not stop:
         return
     report = anomalies.get_string_custom_property("report")
     if warn_only:

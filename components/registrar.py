@@ -46,6 +46,13 @@ def _one(input_dict, key):
     return found[0] if found else None
 
 
+def _string_property(artifact, key: str) -> str:
+    """A string custom property of an optional artifact ("" when either is absent)."""
+    if artifact is None or key not in artifact.mlmd_artifact.custom_properties:
+        return ""
+    return artifact.mlmd_artifact.custom_properties[key].string_value
+
+
 def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict]:
     """A few rows of the split as {feature: value} (None when missing), for the input example."""
     import tensorflow as tf
@@ -111,6 +118,7 @@ class RegistrarExecutor(base_executor.BaseExecutor):
             git_commit=current_commit(),
             input_records=_sample_records(examples) if examples is not None else [],
             data_dirs=data_dirs,
+            accepted_changes=_string_property(blessing, "accepted_changes"),
         ))
         logging.getLogger("loopline").info(
             "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)

@@ -52,7 +52,7 @@ def Trainer(
         export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,
                      split_pattern(examples, "train"), split_pattern(examples, "eval"),
-                     ExportConfig.model_validate_json(export_config))
+                     ExportConfig.model_validate_json(export_config), default=label)
     except BaseException:
         if run:
             run.finish({}, failed=True)

@@ -7,6 +7,7 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
 
@@ -53,6 +54,13 @@ def cmd_data_report(args) -> int:
 
     path = data_report(_config(args), args.out)
     print(f"data report: {path}")
+    return 0
+
+
+def cmd_data_accept(args) -> int:
+    from pipeline.data_accept import accept_data
+
+    print("\n".join(accept_data(_config(args))))
     return 0
 
 
@@ -202,10 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
                           help="accept local pipeline.root/data.path: a volume mounted at that path in every pod")
     compile_.set_defaults(func=cmd_compile)
     data = sub.add_parser("data", help="data validation views").add_subparsers(dest="data_command", required=True)
-    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies")
+    report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies, "
+                                            "next to its baseline's")
     _common(report)
     report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
     report.set_defaults(func=cmd_data_report)
+    accept = data.add_parser("accept", help="make the data of the newest run, stopped by data validation, the new baseline")
+    _common(accept)
+    accept.set_defaults(func=cmd_data_accept)
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
@@ -226,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--host", default=None, help="default: serving.host")
     predict.add_argument("--port", type=int, default=None, help="default: serving.grpc_port (or rest_port with --rest)")
     predict.add_argument("--rest", action="store_true", help="use the REST API instead of gRPC")
-    predict.add_argument("--signature", default="predict_raw", help="signature taking one tensor per feature")
+    predict.add_argument("--signature", default=PREDICT_RAW, help="signature taking one tensor per feature")
     predict.add_argument("--tls-ca", default=None, help="PEM root certificate for a TLS gRPC server")
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")

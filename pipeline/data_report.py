@@ -1,24 +1,46 @@
 """`loopline data report`: the latest run's statistics, schema and anomalies, read back through
-ML Metadata, rendered by validation.report."""
+ML Metadata, next to the baseline the run was checked against (its statistics overlaid, the drift
+figures, the schema changes), rendered by validation.report."""
 from __future__ import annotations
 
+import json
 import os
 
 import tensorflow as tf
+from tensorflow_metadata.proto.v0 import anomalies_pb2
 
 from pipeline.config import LooplineConfig
 from pipeline.local_runner import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
-from validation.anomalies import problems_of, read_anomalies
-from validation.report import write_report
-from validation.schema import load_schema
+from validation.anomalies import ANOMALIES_FILE, problems_of, read_anomalies
+from validation.baseline import read_baseline_folder
+from validation.report import BaselineView, write_report
+from validation.run_validation import TRAIN
+from validation.schema import infer_schema, load_schema, schema_changes
 from validation.statistics import read_statistics
+
+MEASURES = {anomalies_pb2.DriftSkewInfo.Measurement.L_INFTY: "L-infinity",
+            anomalies_pb2.DriftSkewInfo.Measurement.JENSEN_SHANNON_DIVERGENCE: "Jensen-Shannon"}
 
 
 def _split_names(artifact) -> list[str]:
-    import json
-
     return json.loads(artifact.properties["split_names"].string_value)
+
+
+def _baseline_view(config: LooplineConfig, anomalies_artifact, anomalies: dict, stats: dict) -> BaselineView | None:
+    props = anomalies_artifact.custom_properties if anomalies_artifact is not None else {}
+    location = props["baseline_location"].string_value if "baseline_location" in props else ""
+    if not location:
+        return None
+    baseline = read_baseline_folder(location)
+    drift = {}
+    for split, found in anomalies.items():
+        for info in found.drift_skew_info:
+            for m in info.drift_measurements:
+                drift[(split, "/".join(info.path.step))] = (MEASURES.get(m.type, "?"), m.value, m.threshold)
+    new_schema = infer_schema(stats[TRAIN] if TRAIN in stats else next(iter(stats.values())), config.validation)
+    return BaselineView(props["baseline"].string_value, baseline.statistics, drift,
+                        schema_changes(baseline.schema, new_schema))
 
 
 def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
@@ -33,12 +55,13 @@ def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
         raise FileNotFoundError(f"the newest run ({run.name}) has no statistics; did StatisticsGen run?")
     stats = {split: read_statistics(os.path.join(statistics.uri, f"Split-{split}")) for split in _split_names(statistics)}
     schema = load_schema(newest["Schema"].uri) if "Schema" in newest else None
-    anomalies_uri = newest["ExampleAnomalies"].uri if "ExampleAnomalies" in newest else None
-    problems = []
-    if anomalies_uri:
+    anomalies_artifact = newest.get("ExampleAnomalies")
+    anomalies = {}
+    if anomalies_artifact is not None:
         for split in stats:
-            if tf.io.gfile.exists(os.path.join(anomalies_uri, f"Split-{split}", "SchemaDiff.pb")):
-                problems += problems_of(split, read_anomalies(os.path.join(anomalies_uri, f"Split-{split}")))
+            if tf.io.gfile.exists(os.path.join(anomalies_artifact.uri, f"Split-{split}", ANOMALIES_FILE)):
+                anomalies[split] = read_anomalies(os.path.join(anomalies_artifact.uri, f"Split-{split}"))
+    problems = [p for split, found in anomalies.items() for p in problems_of(split, found)]
+    baseline = _baseline_view(config, anomalies_artifact, anomalies, stats)
     out_dir = out_dir or os.path.join(config.pipeline.root, "reports", "data", run.name.replace(":", "-"))
-    return write_report(out_dir, stats, schema, problems)
-
+    return write_report(out_dir, stats, schema, problems, baseline)

@@ -79,6 +79,12 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
             f"trainer.module_file: {module} must exist at that path in the image; the image "
             f"ships the examples under {IMAGE_PREFIX}examples/"
         )
+    if config.pipeline.enable_cache:
+        warnings.append(
+            "pipeline.enable_cache: the compiled spec cannot see the data baseline in its cache keys, so after "
+            "`loopline data accept` a rerun on unchanged files may reuse the checks that stopped it; compile with "
+            "--set pipeline.enable_cache=false for runs on data that changes"
+        )
     uri = config.mlflow.tracking_uri
     if config.mlflow.enabled and (uri is None or not uri.startswith(SHARED_MLFLOW_SCHEMES)):
         warnings.append(

@@ -25,9 +25,15 @@ class RunSummary:
     seconds: dict[str, float] = field(default_factory=dict)  # component -> wall time, start to publish
     blessed: bool | None = None  # None: no Evaluator ran
     blessing_reasons: list[str] = field(default_factory=list)  # every check, failed ones first
+    data_baseline: str | None = None  # what the data was checked against, in words
+    accepted_changes: str = ""  # data changes accepted for this run ("" for none)
 
     def lines(self) -> list[str]:
         out = [f"model      {self.model_name}"]
+        if self.data_baseline:
+            out.append(f"data       {self.data_baseline}")
+        if self.accepted_changes:
+            out.append(f"data       changes accepted ({self.accepted_changes})")
         out.append(f"version    {self.version or '(not pushed)'}")
         if self.pushed_path:
             out.append(f"pushed to  {self.pushed_path}")
@@ -99,6 +105,8 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         if "reasons" in blessing.custom_properties:
             reasons = json.loads(blessing.custom_properties["reasons"].string_value)
         reasons.sort(key=lambda r: not r.startswith("FAILED"))
+    anomalies = newest("ExampleAnomalies")
+    data_props = anomalies.custom_properties if anomalies is not None else {}
     pushed_ok = pushed is not None and pushed.custom_properties["pushed"].int_value == 1
     return RunSummary(
         model_name=config.serving.model_name,
@@ -110,6 +118,8 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         seconds=seconds,
         blessed=blessed,
         blessing_reasons=reasons,
+        data_baseline=data_props["baseline"].string_value if "baseline" in data_props else None,
+        accepted_changes=data_props["accepted_changes"].string_value if "accepted_changes" in data_props else "",
     )
 
 

@@ -12,6 +12,7 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 from tfx.proto import pusher_pb2
 
+from components.baseline_recorder import BaselineRecorder
 from components.csv_example_gen import ArrowCsvExampleGen
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
@@ -46,6 +47,13 @@ def metadata_path(config: LooplineConfig) -> str:
 def serving_base(config: LooplineConfig) -> str:
     """`<pipeline.root>/serving/<model name>`: TF Serving's base_path for the model."""
     return os.path.join(config.pipeline.root, "serving", config.serving.model_name)
+
+
+def data_baseline_dir(config: LooplineConfig) -> str:
+    """`<pipeline.root>/baseline/<model name>`: the schema and statistics new data is checked against."""
+    from validation.baseline import baseline_dir
+
+    return baseline_dir(config.pipeline.root, config.serving.model_name)
 
 
 def _module_digest(path: str | None) -> str:
@@ -90,16 +98,26 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     # One node id whichever reads the CSV: artifact paths and summaries stay the same.
     example_gen = example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    from validation.baseline import cache_key
+
+    baseline = data_baseline_dir(config)
+    # The cache must not reuse a schema or a check made before an accepted baseline. A compiled
+    # spec is fixed before the runs it serves, so it carries none (see kubeflow_runner's warning).
+    baseline_digest = cache_key(baseline) if local_metadata else ""
     schema_gen = SchemaGen(
         statistics=statistics_gen.outputs["statistics"],
         validation_config=config.validation.model_dump_json(),
         curated_schema=config.data.schema or "",
         curated_sha256=_module_digest(config.data.schema),
+        baseline_dir=baseline,
+        baseline_cache_key=baseline_digest,
     )
     example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"],
         schema=schema_gen.outputs["schema"],
         validation_config=config.validation.model_dump_json(),
+        baseline_dir=baseline,
+        baseline_cache_key=baseline_digest,
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     target = tracking_target(config)
@@ -120,6 +138,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         serving_root=os.path.dirname(serving_base(config)),
         model_name=config.serving.model_name,
         champion_label=config.mlflow.alias_labels.get("champion", ""),
+        anomalies=example_validator.outputs["anomalies"],
     )
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher = Pusher(
@@ -129,13 +148,20 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
     )
+    # A pushed model's data becomes the baseline the next runs are checked against.
+    baseline_recorder = BaselineRecorder(
+        statistics=statistics_gen.outputs["statistics"],
+        schema=schema_gen.outputs["schema"],
+        pushed_model=pusher.outputs["pushed_model"],
+        baseline_dir=baseline,
+    )
     # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
     serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
     serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
                                      serving_root=os.path.dirname(serving_base(config)),
                                      serving_config=serving_files)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
-                  serving_configs]
+                  baseline_recorder, serving_configs]
     if target:
         components.append(Registrar(
             model=trainer.outputs["model"],

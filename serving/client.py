@@ -12,9 +12,10 @@ import grpc
 import numpy as np
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
+from serving import signature_names as names
 from serving.tensors import from_numpy, to_numpy
 
-RAW_SIGNATURE = "predict_raw"
+RAW_SIGNATURE = names.PREDICT_RAW
 
 
 def read_rows(path: str) -> list[dict]:

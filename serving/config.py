@@ -33,6 +33,9 @@ class ServingConfig(_Section):
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Replay assets.extra/tf_serving_warmup_requests before routing to a new version.
     warmup: bool = True
+    # TF Serving's --enable_signature_method_name_check (off there by default): Classify and Regress
+    # then need the signature's method name to be classify/regress, Predict one of the three.
+    signature_method_name_check: bool = False
     # gRPC TLS: both paths set turns it on.
     tls_cert: str | None = None
     tls_key: str | None = None

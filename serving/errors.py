@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import grpc
 
-# TF Serving's REST API maps canonical codes to these HTTP statuses.
+# TF Serving's REST API maps canonical codes to these HTTP statuses (http_server.cc,
+# ToHTTPStatusCode); any other code is 500.
 HTTP_STATUS = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
     grpc.StatusCode.UNIMPLEMENTED: 501,
     grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 
 

@@ -52,7 +52,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 def _reload(manager: ModelManager, request):
     manager.apply_config(request.config)
-    return model_management_pb2.ReloadConfigResponse(status={"error_code": 0})
+    return model_management_pb2.ReloadConfigResponse(status={"error_code": 0})  # OK; errors are the RPC's status
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):

@@ -8,12 +8,14 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
-from serving.model_config import available_versions, read_model_server_config, safe_base_path
-from serving.servable import Servable, load_servable
+from serving.model_config import available_versions, is_remote, read_model_server_config, safe_base_path
+from serving.servable import Servable
+from serving.warmup import warm_up
 
 log = logging.getLogger("loopline.serving")
 
@@ -53,10 +55,35 @@ def wanted_versions(entry: model_server_config_pb2.ModelConfig, available: list[
     return sorted(wanted)
 
 
+def load_servable(name: str, version: int, path: str, config: ServingConfig, max_elements: int, metrics=None) -> Servable:
+    """Loads a version and replays its warmup requests (serving.warmup); raises with the reason
+    when either fails, leaving nothing loaded."""
+    servable = Servable(name, version, path, config.batching, max_elements, config.intra_op_threads)
+    if config.warmup:
+        try:
+            warm_up(servable, config.signature_method_name_check, metrics)
+        except ServingError as exc:
+            servable.unload()
+            raise ValueError(f"warmup failed: {exc.code.name}: {exc.message}") from None
+    return servable
+
+
+def _platform_problem(entry: model_server_config_pb2.ModelConfig) -> ServingError | None:
+    """server_core.cc's GetPlatform and CreateAdapter: a platform must be named, and be tensorflow."""
+    if not entry.model_platform:
+        return invalid("Illegal setting neither ModelServerConfig::model_type (deprecated) nor "
+                       f"ModelServerConfig::model_platform, model name is {entry.name}")
+    if entry.model_platform != "tensorflow":
+        return ServingError(grpc.StatusCode.FAILED_PRECONDITION, f"PlatformConfigMap has no entry for platform {entry.model_platform}")
+    return None
+
+
 class ModelManager:
-    def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
+    def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None, metrics=None):
         self.serving_root = os.path.realpath(serving_root)
         self.config = config
+        self.metrics = metrics
+        self.method_check = config.signature_method_name_check
         self.models_config = models_config or os.path.join(serving_root, "models.config")
         self._lock = threading.Lock()  # guards _models' structure; loading happens outside it
         self._reconcile_lock = threading.Lock()
@@ -68,18 +95,26 @@ class ModelManager:
 
     # -- configuration -------------------------------------------------------------------------
     def _checked_entries(self, server_config) -> dict[str, model_server_config_pb2.ModelConfig]:
+        """TF Serving's ValidateModelConfigList and platform rules, then ours: a model's base path
+        must be `<serving root>/<name>`. The first problem refuses the whole config."""
+        if server_config.WhichOneof("config") != "model_config_list":
+            raise invalid("ServerModelConfig type not supported by HandleReloadConfigRequest. "
+                          "Only ModelConfigList is currently supported")
         entries = {}
         for entry in server_config.model_config_list.config:
+            if entry.name in entries:
+                raise invalid(f"Illegal to list model {entry.name} multiple times in config list")
+            if not (is_remote(entry.base_path) or os.path.isabs(entry.base_path)):
+                raise invalid(f"Expected model {entry.name} to have an absolute path or URI; got base_path()={entry.base_path}")
+            problem = _platform_problem(entry)
+            if problem is not None:
+                raise problem
             try:
                 base = safe_base_path(self.serving_root, entry.name)
-                if os.path.realpath(entry.base_path or base) != base:
+                if os.path.realpath(entry.base_path) != base:
                     raise ValueError(f"base_path {entry.base_path!r} is not inside the serving root as <root>/{entry.name}")
             except ValueError as exc:
-                log.error("models.config: refusing model %r: %s", entry.name, exc)
-                continue
-            if entry.model_platform not in ("", "tensorflow"):
-                log.error("models.config: refusing model %r: platform %r is not 'tensorflow'", entry.name, entry.model_platform)
-                continue
+                raise invalid(f"model {entry.name}: {exc} (loopline serves only models under its serving root)") from None
             clean = model_server_config_pb2.ModelConfig()
             clean.CopyFrom(entry)
             clean.base_path = base
@@ -87,13 +122,9 @@ class ModelManager:
         return entries
 
     def apply_config(self, server_config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Switches to a new ModelServerConfig (from the file or HandleReloadConfigRequest)."""
-        if server_config.WhichOneof("config") != "model_config_list":
-            raise invalid("only model_config_list configs are supported")
+        """Switches to a new ModelServerConfig (from the file or HandleReloadConfigRequest): loads
+        what it asks for, then checks its labels (TF Serving's UpdateModelVersionLabelMap)."""
         entries = self._checked_entries(server_config)
-        names = [e.name for e in server_config.model_config_list.config]
-        if len(entries) != len(names):
-            raise invalid("models.config has models outside the serving root or on another platform; see the server log")
         with self._lock:
             for name, entry in entries.items():
                 state = self._models.get(name)
@@ -105,6 +136,13 @@ class ModelManager:
         for name in removed:
             self._drop_model(name)
         self.reconcile()
+        with self._lock:
+            for name, entry in entries.items():
+                for label, version in sorted(entry.version_labels.items()):
+                    if version not in self._models[name].loaded:
+                        raise ServingError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"Request to assign label to version {version} of model {name}, "
+                                           "which is not currently available for inference")
 
     def _read_config_file(self, force: bool = False) -> None:
         try:
@@ -149,8 +187,7 @@ class ModelManager:
             path = os.path.join(base, str(version))
             fingerprint = folder_fingerprint(path)
             try:
-                servable = load_servable(name, version, path, self.config.batching, self.max_elements, self.config.warmup,
-                                         self.config.intra_op_threads)
+                servable = load_servable(name, version, path, self.config, self.max_elements, self.metrics)
             except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 state.failed[version] = (fingerprint, reason)
@@ -206,33 +243,30 @@ class ModelManager:
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, spec) -> Servable:
-        """The loaded version a ModelSpec asks for, counted in flight: use it as `with resolve(spec) as s:`."""
+        """The loaded version a ModelSpec asks for, counted in flight: use it as `with resolve(spec) as s:`.
+        TF Serving's ServerCore::GetServableHandle, with its codes and messages."""
         name = spec.name
+        if not name:
+            raise invalid("ModelSpec has no name specified.")
+        which = spec.WhichOneof("version_choice")
         with self._lock:
             state = self._models.get(name)
-            if state is None:
-                raise not_found(f"Servable not found for request: model {name!r} is not served "
-                                f"(served: {sorted(self._models)})")
-            which = spec.WhichOneof("version_choice")
-            if which == "version":
-                version = spec.version.value
-                servable = state.loaded.get(version)
-                if servable is None:
-                    raise not_found(f"Servable not found for request: Specific({name}, {version}); "
-                                    f"loaded versions are {sorted(state.loaded)}")
-            elif which == "version_label":
-                label = spec.version_label
-                if label not in state.entry.version_labels:
-                    raise not_found(f"Unrecognized servable version label: {label!r} for model {name!r} "
-                                    f"(labels: {dict(state.entry.version_labels)})")
-                version = state.entry.version_labels[label]
-                servable = state.loaded.get(version)
-                if servable is None:
-                    raise not_found(f"label {label!r} of model {name!r} points at version {version}, which is not loaded")
+            if which == "version_label":
+                labels = state.entry.version_labels if state is not None else {}
+                if spec.version_label not in labels:
+                    raise invalid(f"Unrecognized servable version label: {spec.version_label}")
+                version = labels[spec.version_label]
             else:
-                if not state.loaded:
-                    raise not_found(f"Servable not found for request: Latest({name}); no version is loaded")
-                servable = state.loaded[max(state.loaded)]
+                version = spec.version.value if which == "version" else None
+            loaded = state.loaded if state is not None else {}
+            if version is None:
+                servable = loaded[max(loaded)] if loaded else None
+                request = f"Latest({name})"
+            else:
+                servable = loaded.get(version)
+                request = f"Specific({name}, {version})"
+            if servable is None:
+                raise not_found(f"Servable not found for request: {request}")
             servable.acquire()  # counted in flight before the lock is released
         return servable
 
@@ -240,14 +274,14 @@ class ModelManager:
         """[(version, state, error message)], TF Serving's ModelVersionStatus in plain values."""
         with self._lock:
             state = self._models.get(name)
-            if state is None:
-                raise not_found(f"Could not find any versions of model {name!r}")
-            rows = [(v, "AVAILABLE", "") for v in state.loaded]
-            rows += [(v, "END", reason) for v, (_, reason) in state.failed.items() if v not in state.loaded]
+            rows = [(v, "AVAILABLE", "") for v in state.loaded] if state else []
+            rows += [(v, "END", reason) for v, (_, reason) in state.failed.items() if v not in state.loaded] if state else []
         if version is not None:
             rows = [r for r in rows if r[0] == version]
             if not rows:
-                raise not_found(f"Could not find version {version} of model {name!r}")
+                raise not_found(f"Could not find version {version} of model {name}")
+        elif not rows:
+            raise not_found(f"Could not find any versions of model {name}")
         return sorted(rows)
 
     def labels(self, name: str) -> dict[str, int]:

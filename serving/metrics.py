@@ -14,6 +14,14 @@ class Metrics:
         self._requests = defaultdict(int)  # (api, model, method, code) -> count
         self._buckets = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1))  # (api, model, method) -> counts
         self._sums = defaultdict(float)
+        self._warmup_requests = defaultdict(int)  # (model, version) -> warmup records replayed
+        self._warmups = defaultdict(int)  # (model, status code) -> warmups run
+
+    def observe_warmup(self, model: str, version: int, requests: int, code: str, seconds: float) -> None:
+        del seconds  # logged by the caller; the count is what alerting needs
+        with self._lock:
+            self._warmup_requests[(model, str(version))] += requests
+            self._warmups[(model, code)] += 1
 
     def observe(self, api: str, model: str, method: str, code: str, seconds: float) -> None:
         key = (api, model, method)
@@ -47,6 +55,14 @@ class Metrics:
                     out.append(f'loopline_request_latency_seconds_bucket{{{labels},le="{bound}"}} {total}')
                 out.append(f"loopline_request_latency_seconds_sum{{{labels}}} {self._sums[(api, model, method)]:.6f}")
                 out.append(f"loopline_request_latency_seconds_count{{{labels}}} {total}")
+            out += ["# HELP loopline_warmup_requests_total Warmup records replayed when a version loaded.",
+                    "# TYPE loopline_warmup_requests_total counter"]
+            for (model, version), n in sorted(self._warmup_requests.items()):
+                out.append(f'loopline_warmup_requests_total{{model="{_q(model)}",version="{version}"}} {n}')
+            out += ["# HELP loopline_warmups_total Version warmups by result (a failed one refuses the version).",
+                    "# TYPE loopline_warmups_total counter"]
+            for (model, code), n in sorted(self._warmups.items()):
+                out.append(f'loopline_warmups_total{{model="{_q(model)}",code="{code}"}} {n}')
         return "\n".join(out) + "\n"
 
 

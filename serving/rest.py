@@ -1,25 +1,30 @@
-"""REST front end, shaped like TF Serving's:
+"""REST front end, TF Serving's (model_servers/http_rest_api_handler.cc, http_server.cc), served
+by uvicorn (HTTP/1.1 keep-alive, TCP_NODELAY: a kept-alive connection does not wait on delayed
+ACKs):
 
   GET  /v1/models/{name}[/versions/{v}|/labels/{l}]            model status
   GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata   signatures
-  POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict    {"instances": [...]} or {"inputs": ...}
-  POST ...:classify | ...:regress                              {"examples": [{feature: value}], "context": {...}}
+  POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict    {"instances": ...} or {"inputs": ...}
+  POST ...:classify | ...:regress                              {"examples": [...], "context": {...}}
   GET  /monitoring/prometheus/metrics                          Prometheus text
+
+Each request is turned into the gRPC API's request and answered by the same code
+(serving/service.py); the JSON codec is serving/json_codec.py. Errors are `{"error": message}`
+with TF Serving's HTTP status for the code.
 """
 from __future__ import annotations
 
-import base64
-import json
+import asyncio
 import logging
 import re
+import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
-from tensorflow.core.example import example_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -28,7 +33,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serving import service
+from serving import json_codec, rules, service
 from serving.config import ServingConfig
 from serving.config_writer import PROMETHEUS_PATH
 from serving.errors import ServingError, invalid
@@ -37,258 +42,219 @@ from serving.metrics import Metrics
 
 log = logging.getLogger("loopline.serving")
 
-_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
-                    r"(?:(?P<metadata>/metadata)|:(?P<verb>predict|classify|regress))?/?$")
+# http_rest_api_util.cc's kPredictionApiGegex and kModelStatusApiRegex (full matches).
+_PREDICTION = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
+_STATUS = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
+_API_PATH = re.compile(r"(?i)/v1/.*")  # kHTTPRestApiHandlerPathRegex: anything else is not ours (404)
 
 
-def _spec(match) -> model_pb2.ModelSpec:
-    spec = model_pb2.ModelSpec(name=match["name"])
-    if match["version"]:
-        spec.version.value = int(match["version"])
-    elif match["label"]:
-        spec.version_label = match["label"]
+def _model_spec(name: str, version: str | None, label: str | None) -> model_pb2.ModelSpec:
+    """FillModelSpecWithNameVersionAndLabel, after ParseModelInfo's URL-decoding."""
+    spec = model_pb2.ModelSpec(name=urllib.parse.unquote(name))
+    if version:
+        if int(version) >= 2**63:  # absl::SimpleAtoi into an int64
+            raise invalid(f"Failed to convert version: {version} to numeric.")
+        spec.version.value = int(version)
+    if label:
+        spec.version_label = urllib.parse.unquote(label)
     return spec
 
 
-def _decode(value):
-    """JSON value -> numpy-friendly value; {"b64": ...} is binary (TF Serving's convention)."""
-    if isinstance(value, dict):
-        if set(value) == {"b64"}:
-            return base64.b64decode(value["b64"])
-        raise invalid(f"unexpected object {value!r} in a tensor (only {{\"b64\": ...}} is allowed)")
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
-
-
-def _array(value, dtype_enum: int, name: str) -> np.ndarray:
-    from tensorflow.python.framework import dtypes
-
-    dtype = dtypes.as_dtype(dtype_enum)
-    decoded = _decode(value)
-    try:
-        if dtype.is_floating or dtype.is_integer or dtype.is_bool:
-            if _has_strings(decoded):
-                raise ValueError("strings in a numeric tensor")
-            return np.array(decoded, dtype=dtype.as_numpy_dtype)
-        array = np.array(decoded, dtype=object)
-        flat = array.reshape(-1)
-        for i, v in enumerate(flat):
-            if not isinstance(v, (str, bytes)):
-                raise ValueError(f"non-string value {v!r}")
-            flat[i] = v.encode() if isinstance(v, str) else v
-        return array
-    except (ValueError, TypeError) as exc:
-        raise invalid(f"input '{name}': cannot read it as a {dtype.name} tensor: {exc}") from None
-
-
-def _has_strings(value) -> bool:
-    if isinstance(value, list):
-        return any(_has_strings(v) for v in value)
-    return isinstance(value, (str, bytes))
-
-
-def _jsonable(array: np.ndarray):
-    if array.dtype == object:
-        return [_jsonable(v) if isinstance(v, np.ndarray) else _text(v) for v in array] if array.ndim else _text(array.item())
-    return array.tolist()
-
-
-def _text(value):
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return {"b64": base64.b64encode(value).decode()}
-    return value
-
-
-def _predict(manager: ModelManager, spec, body: dict) -> dict:
-    signature_name = body.get("signature_name", "")
-    spec.signature_name = signature_name
+def _input_dtypes(manager: ModelManager, spec, signature_name: str) -> dict[str, int]:
+    """GetInfoMap: the signature's inputs, from the version the spec resolves to now."""
     with manager.resolve(spec) as servable:
-        sig = servable.signature(signature_name)
-        names = sorted(sig.inputs)
-        if ("instances" in body) == ("inputs" in body):
-            raise invalid('the body needs exactly one of "instances" (row format) or "inputs" (columnar format)')
-        if "instances" in body:
-            rows = body["instances"]
-            if not isinstance(rows, list) or not rows:
-                raise invalid('"instances" must be a non-empty list')
-            if all(isinstance(r, dict) and "b64" not in r for r in rows):
-                missing = [n for n in names if n not in rows[0]]
-                if missing or any(set(r) != set(rows[0]) for r in rows):
-                    raise invalid(f"every instance needs the same named inputs {names}; missing {missing}")
-                columns = {n: [r[n] for r in rows] for n in rows[0]}
-            elif len(names) == 1:
-                columns = {names[0]: rows}
-            else:
-                raise invalid(f"signature takes inputs {names}: each instance must be an object with those keys")
-            row_format = True
-        else:
-            given = body["inputs"]
-            columns = given if isinstance(given, dict) else ({names[0]: given} if len(names) == 1 else None)
-            if columns is None:
-                raise invalid(f"signature takes inputs {names}: \"inputs\" must be an object with those keys")
-            row_format = False
-        inputs = {}
-        for n, v in columns.items():
-            if n not in sig.inputs:
-                raise invalid(f"input '{n}' is not in the signature's inputs {names}")
-            inputs[n] = _array(v, sig.inputs[n].dtype, n)
-        outputs = servable.run(signature_name, inputs, body.get("output_filter", ()))
-    if row_format:
-        if len(outputs) == 1:
-            return {"predictions": _jsonable(next(iter(outputs.values())))}
-        keys = sorted(outputs)
-        count = next(iter(outputs.values())).shape[0]
-        return {"predictions": [{k: _jsonable(outputs[k][i:i + 1])[0] for k in keys} for i in range(count)]}
-    if len(outputs) == 1:
-        return {"outputs": _jsonable(next(iter(outputs.values())))}
-    return {"outputs": {k: _jsonable(v) for k, v in outputs.items()}}
+        key = rules.signature_key(signature_name)
+        signature = servable.signature_defs.get(key)
+        if signature is None:
+            raise invalid(f'Serving signature name: "{key}" not found in signature def')
+        return {name: info.dtype for name, info in signature.inputs.items()}
 
 
-def _example(features: dict, kinds: dict) -> example_pb2.Example:
-    example = example_pb2.Example()
-    for name, value in features.items():
-        values = value if isinstance(value, list) else [value]
-        feature = example.features.feature[name]
-        kind = kinds.get(name)
-        values = [_decode(v) for v in values]
-        if kind == "string" or (kind is None and values and isinstance(values[0], (str, bytes))):
-            feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else v for v in values)
-        elif kind == "int64" or (kind is None and all(isinstance(v, int) for v in values)):
-            feature.int64_list.value.extend(int(v) for v in values)
-        else:
-            try:
-                feature.float_list.value.extend(float(v) for v in values)
-            except (TypeError, ValueError):
-                raise invalid(f"feature '{name}': {value!r} is not a number") from None
-    return example
-
-
-def _examples_request(manager: ModelManager, spec, body: dict, request):
-    examples = body.get("examples")
-    if not isinstance(examples, list) or not examples:
-        raise invalid('the body needs "examples": a non-empty list of objects')
-    spec.signature_name = body.get("signature_name", "")
+def predict(manager: ModelManager, spec, body: bytes) -> dict:
+    """ProcessPredictRequest: JSON -> named arrays -> the Predict API's own path."""
+    doc = json_codec.parse_body(body)
+    spec.signature_name = json_codec.signature_name(doc)
+    inputs, row_format = json_codec.predict_inputs(doc, _input_dtypes(manager, spec, spec.signature_name),
+                                                   spec.signature_name)
     with manager.resolve(spec) as servable:
-        kinds = servable.description.get("features", {})
-        version = servable.version
-    request.model_spec.CopyFrom(spec)
-    # The examples are built with this version's feature kinds: run them on the same version,
-    # even if a newer one is swapped in meanwhile (the label or "latest" is resolved once).
-    request.model_spec.version.value = version
-    context = body.get("context")
-    target = request.input.example_list_with_context if context else request.input.example_list
-    if context:
-        target.context.CopyFrom(_example(context, kinds))
-    for e in examples:
-        if not isinstance(e, dict):
-            raise invalid(f"each example must be an object of features, got {e!r}")
-        target.examples.append(_example(e, kinds))
-    return request
+        outputs = service.run_predict(servable, spec.signature_name, inputs, (), manager.method_check)
+    return json_codec.predict_answer(outputs, row_format)
 
 
-def _classify(manager, spec, body):
-    request = _examples_request(manager, spec, body, classification_pb2.ClassificationRequest())
-    response = service.classify(manager, request)
-    return {"results": [[[c.label, c.score] for c in item.classes] for item in response.result.classifications]}
+def classify(manager: ModelManager, spec, body: bytes) -> dict:
+    request = classification_pb2.ClassificationRequest(model_spec=spec)
+    doc = json_codec.parse_body(body)
+    request.model_spec.signature_name = json_codec.signature_name(doc)
+    json_codec.fill_examples(doc, request.input)
+    return json_codec.classify_answer(service.classify(manager, request).result)
 
 
-def _regress(manager, spec, body):
-    request = _examples_request(manager, spec, body, regression_pb2.RegressionRequest())
-    response = service.regress(manager, request)
-    return {"results": [r.value for r in response.result.regressions]}
+def regress(manager: ModelManager, spec, body: bytes) -> dict:
+    request = regression_pb2.RegressionRequest(model_spec=spec)
+    doc = json_codec.parse_body(body)
+    request.model_spec.signature_name = json_codec.signature_name(doc)
+    json_codec.fill_examples(doc, request.input)
+    return json_codec.regress_answer(service.regress(manager, request).result)
 
 
-def _status(manager, spec):
-    request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
-    return json_format.MessageToDict(service.model_status(manager, request), preserving_proto_field_name=True)
+def status(manager: ModelManager, spec) -> dict:
+    """ProcessModelStatusRequest: GetModelStatusResponse as JSON, every field printed."""
+    response = service.model_status(manager, get_model_status_pb2.GetModelStatusRequest(model_spec=spec))
+    return json_format.MessageToDict(response, always_print_fields_with_no_presence=True)
 
 
-def _metadata(manager, spec):
-    request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"])
+def metadata(manager: ModelManager, spec) -> dict:
+    request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=[rules.SIGNATURE_DEF_FIELD])
     response = service.metadata(manager, request)
     signature_map = get_model_metadata_pb2.SignatureDefMap()
-    response.metadata["signature_def"].Unpack(signature_map)
-    return {"model_spec": json_format.MessageToDict(response.model_spec, preserving_proto_field_name=True),
-            "metadata": {"signature_def": json_format.MessageToDict(signature_map, preserving_proto_field_name=True)}}
+    response.metadata[rules.SIGNATURE_DEF_FIELD].Unpack(signature_map)
+    as_dict = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return {"model_spec": as_dict(response.model_spec), "metadata": {rules.SIGNATURE_DEF_FIELD: as_dict(signature_map)}}
 
 
-def make_handler(manager: ModelManager, metrics: Metrics, config: ServingConfig):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "loopline"
+_VERBS = {"predict": predict, "classify": classify, "regress": regress}
 
-        def log_message(self, fmt, *args):  # the access log is the metrics, not stderr
-            pass
 
-        def _send(self, status: int, payload, content_type="application/json"):
-            body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def handle(manager: ModelManager, method: str, path: str, body: bytes) -> dict:
+    """HttpRestApiHandler::ProcessRequest: the answer; raises ServingError."""
+    if method == "POST" and (match := _PREDICTION.fullmatch(path)):
+        name, version, label, verb = match.groups()
+        if verb in _VERBS:  # the pattern ignores case, the dispatch does not
+            return _VERBS[verb](manager, _model_spec(name, version, label), body)
+    elif method == "GET" and (match := _STATUS.fullmatch(path)):
+        name, version, label, subresource = match.groups()
+        if not name:
+            raise invalid("Missing model name in request.")
+        spec = _model_spec(name, version, label)
+        if subresource == "metadata":
+            return metadata(manager, spec)
+        return status(manager, spec)
+    raise invalid(f"Malformed request: {method} {path}")
 
-        def _route(self, method: str):
-            started = time.perf_counter()
-            path = self.path.split("?", 1)[0]
-            if method == "GET" and path == PROMETHEUS_PATH:
-                return self._send(200, metrics.render().encode(), "text/plain; version=0.0.4")
-            match = _ROUTE.match(path)
-            name, verb, code = "", "", "OK"
-            try:
-                if match is None:
-                    raise ServingError(grpc.StatusCode.NOT_FOUND, f"no such endpoint: {method} {path}")
-                name = match["name"]
-                spec = _spec(match)
-                verb = match["verb"] or ("metadata" if match["metadata"] else "status")
-                if (method == "POST") != bool(match["verb"]):
-                    raise invalid(f"{method} is not allowed on {path}")
-                if method == "GET":
-                    payload = _metadata(manager, spec) if match["metadata"] else _status(manager, spec)
-                else:
-                    body = self._body()
-                    payload = {"predict": _predict, "classify": _classify, "regress": _regress}[verb](manager, spec, body)
-                self._send(200, payload)
-            except ServingError as exc:
-                code = exc.code.name
-                self._send(exc.http_status, {"error": exc.message})
-            except Exception as exc:  # noqa: BLE001
-                code = "INTERNAL"
-                log.exception("REST %s %s failed", method, path)
-                self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
-            finally:
-                metrics.observe("rest", name, verb, code, time.perf_counter() - started)
 
-        def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > config.max_request_bytes:
-                self.close_connection = True
+def _metric_labels(method: str, path: str) -> tuple[str, str]:
+    """(model, API method) of a request, for the metrics, also when it fails."""
+    if method == "POST" and (match := _PREDICTION.fullmatch(path)):
+        return match[1], match[4]
+    if method == "GET" and (match := _STATUS.fullmatch(path)):
+        return match[1] or "", "metadata" if match[4] else "status"
+    return "", ""
+
+
+class RestApp:
+    """The ASGI application: reads the body, answers, writes one JSON answer. A lone request is
+    answered on the event loop's thread (a hand-off to a worker costs more than a small model's
+    call); while one is being answered, the next go to worker threads, where model calls release
+    the GIL and concurrent requests meet in the server-side batcher."""
+
+    def __init__(self, manager: ModelManager, metrics: Metrics, config: ServingConfig):
+        self.manager, self.metrics, self.config = manager, metrics, config
+        self.pool = ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rest")
+        self.in_flight = 0  # only touched on the event loop's thread
+
+    def answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
+        started = time.perf_counter()
+        name, verb = _metric_labels(method, path)
+        code = "OK"
+        try:
+            if too_large:
                 raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"request body of {length} bytes is over the limit of {config.max_request_bytes}")
-            raw = self.rfile.read(length)
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise invalid(f"the body is not valid JSON: {exc}") from None
-            if not isinstance(body, dict):
-                raise invalid("the body must be a JSON object")
-            return body
+                                   f"request body is over the limit of {self.config.max_request_bytes} bytes "
+                                   "(serving.max_request_bytes)")
+            payload = handle(self.manager, method, path, body)
+            return 200, json_codec.dumps(payload), "application/json"
+        except ServingError as exc:
+            code = exc.code.name
+            status = 413 if too_large else exc.http_status
+            return status, json_codec.dumps({"error": exc.message}), "application/json"
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500, the server keeps serving
+            code = "INTERNAL"
+            log.exception("REST %s %s failed", method, path)
+            return 500, json_codec.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json"
+        finally:
+            self.metrics.observe("rest", name, verb, code, time.perf_counter() - started)
 
-        def do_GET(self):
-            self._route("GET")
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if method == "GET" and path == PROMETHEUS_PATH:
+            return await _send(send, 200, self.metrics.render().encode(), "text/plain; version=0.0.4")
+        if not _API_PATH.fullmatch(path):
+            return await _send(send, 404, json_codec.dumps({"error": f"Not found: {method} {path}"}), "application/json")
+        body, too_large = await _read_body(receive, self.config.max_request_bytes)
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(0)  # requests that arrived with this one count themselves in first
+            if self.in_flight == 1:
+                status, payload, content_type = self.answer(method, path, body, too_large)
+            else:
+                loop = asyncio.get_running_loop()
+                status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body, too_large)
+        finally:
+            self.in_flight -= 1
+        await _send(send, status, payload, content_type, close=too_large)
 
-        def do_POST(self):
-            self._route("POST")
 
-    return Handler
+async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks), size > limit
 
 
-def start_rest(manager: ModelManager, metrics: Metrics, config: ServingConfig) -> tuple[ThreadingHTTPServer, int]:
-    server = ThreadingHTTPServer((config.host, config.rest_port), make_handler(manager, metrics, config))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="rest", daemon=True).start()
-    return server, server.server_address[1]
+async def _send(send, status: int, body: bytes, content_type: str, close: bool = False) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RestServer:
+    """uvicorn in a background thread on an already bound socket (port 0 picks a free port)."""
+
+    def __init__(self, app: RestApp, host: str, port: int):
+        import uvicorn
+
+        self.app = app
+        # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on TCP sockets it
+        # recognises by their protocol, and a kept-alive answer would otherwise wait ~40 ms for an ACK.
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                                    socket.IPPROTO_TCP)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as exc:
+            self.socket.close()
+            raise OSError(f"REST: cannot bind {host}:{port} ({exc.strerror}; set serving.rest_port or --rest-port)") from None
+        self.port = self.socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="h11",
+                                loop="asyncio", timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="rest", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> "RestServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise OSError("REST: the HTTP server did not start")
+            time.sleep(0.01)
+        return self
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.app.pool.shutdown(wait=False)
+        self.socket.close()
+
+
+def start_rest(manager: ModelManager, metrics: Metrics, config: ServingConfig) -> tuple[RestServer, int]:
+    server = RestServer(RestApp(manager, metrics, config), config.host, config.rest_port).start()
+    return server, server.port

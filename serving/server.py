@@ -32,8 +32,8 @@ def configure_tensorflow(config: ServingConfig) -> None:
 class ModelServer:
     def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
         self.config = config
-        self.manager = ModelManager(serving_root, config, models_config)
         self.metrics = Metrics()
+        self.manager = ModelManager(serving_root, config, models_config, self.metrics)
         self.grpc_port = self.rest_port = None
         self._grpc = self._rest = None
 

@@ -1,138 +1,164 @@
-"""The PredictionService and ModelService logic on protos, shared by the gRPC and REST front ends."""
+"""The PredictionService and ModelService logic on protos, shared by the gRPC and REST front ends
+(and the warmup replay): one implementation of each API. The request rules are TF Serving's
+(serving/rules.py); a request first resolves its model spec to a loaded version (the manager),
+then runs on it (the `*_on` functions, which warmup calls directly, as TF Serving's warmup calls
+RunPredict/RunClassify on the bundle being loaded)."""
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
+import numpy as np
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
+    model_pb2,
     predict_pb2,
     regression_pb2,
 )
 
-from serving.errors import invalid
-from serving.manager import ModelManager
+from serving import rules
+from serving import signature_names as names
+from serving.errors import ServingError
 from serving.tensors import from_numpy, to_numpy
 
-SIGNATURE_METADATA = "signature_def"
+
+def _model_spec(out: model_pb2.ModelSpec, servable, signature_name: str) -> None:
+    """MakeModelSpec: the name, the signature ("" as serving_default) and the version that answered."""
+    out.name = servable.name
+    out.signature_name = rules.signature_key(signature_name)
+    out.version.value = servable.version
 
 
-def _spec(response_spec, servable, signature_name: str) -> None:
-    response_spec.name = servable.name
-    response_spec.version.value = servable.version
-    response_spec.signature_name = signature_name or "serving_default"
+# -- Predict ---------------------------------------------------------------------------------------
+def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, method_check: bool,
+                parse: Callable | None = None) -> dict[str, np.ndarray]:
+    """RunPredict on a loaded version: the signature, the inputs' names, then (`parse`: alias,
+    value -> array, for protos) their values, the output filter, the call."""
+    signature = rules.predict_signature(servable.signature_defs, signature_name, method_check)
+    rules.check_predict_inputs(signature, inputs)
+    if parse is not None:
+        inputs = {alias: parse(alias, value) for alias, value in inputs.items()}
+    fetch = rules.output_aliases(signature, output_filter)
+    return servable.run(rules.signature_key(signature_name), inputs, fetch)
 
 
-def predict(manager: ModelManager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool) -> predict_pb2.PredictResponse:
+    def parse(alias, proto):
+        try:
+            return to_numpy(proto, alias, servable.max_elements)
+        except ServingError as exc:
+            raise rules.tensor_parsing_error(alias, exc.message) from None
+
     spec = request.model_spec
-    if not spec.name:
-        raise invalid("model_spec.name is empty")
-    with manager.resolve(spec) as servable:
-        limit = manager.max_elements
-        inputs = {name: to_numpy(t, name, limit) for name, t in request.inputs.items()}
-        outputs = servable.run(spec.signature_name, inputs, request.output_filter)
-        response = predict_pb2.PredictResponse()
-        _spec(response.model_spec, servable, spec.signature_name)
-        for name, array in outputs.items():
-            from_numpy(array, response.outputs[name])
-        return response
-
-
-def classify(manager: ModelManager, request) -> classification_pb2.ClassificationResponse:
-    return _run_examples(manager, request, classification_pb2.ClassificationResponse(), fill_classifications)
-
-
-def _run_examples(manager: ModelManager, request, response, fill):
-    """Classify and Regress: run the signature on the request's examples, fill the result."""
-    with manager.resolve(request.model_spec) as servable:
-        outputs = servable.run_examples(request.model_spec.signature_name, request.input)
-        _spec(response.model_spec, servable, request.model_spec.signature_name)
-        fill(response.result, outputs)
-        return response
-
-
-def fill_classifications(result, outputs) -> None:
-    scores = outputs.get("scores")
-    classes = outputs.get("classes")
-    if scores is None and classes is None:
-        raise invalid(f"the signature has no 'classes' or 'scores' output (outputs: {sorted(outputs)}); it is not a classifier")
-    rows = (scores if scores is not None else classes).shape[0]
-    # Reshaped once, not per element.
-    scores = scores.reshape(rows, -1) if scores is not None else None
-    classes = classes.reshape(rows, -1) if classes is not None else None
-    width = (scores if scores is not None else classes).shape[1]
-    for i in range(rows):
-        item = result.classifications.add()
-        for j in range(width):
-            cls = item.classes.add()
-            if classes is not None:
-                label = classes[i, j]
-                cls.label = label.decode() if isinstance(label, bytes) else str(label)
-            if scores is not None:
-                cls.score = float(scores[i, j])
-
-
-def regress(manager: ModelManager, request) -> regression_pb2.RegressionResponse:
-    return _run_examples(manager, request, regression_pb2.RegressionResponse(), fill_regressions)
-
-
-def fill_regressions(result, outputs) -> None:
-    values = outputs.get("outputs")
-    if values is None:
-        raise invalid(f"the signature has no 'outputs' output (outputs: {sorted(outputs)}); it is not a regressor")
-    for v in values.reshape(values.shape[0], -1)[:, 0]:
-        result.regressions.add(value=float(v))
-
-
-def multi_inference(manager: ModelManager, request) -> inference_pb2.MultiInferenceResponse:
-    response = inference_pb2.MultiInferenceResponse()
-    if not request.tasks:
-        raise invalid("MultiInference request has no tasks")
-    for task in request.tasks:
-        with manager.resolve(task.model_spec) as servable:
-            outputs = servable.run_examples(task.model_spec.signature_name, request.input)
-            result = response.results.add()
-            _spec(result.model_spec, servable, task.model_spec.signature_name)
-            if task.method_name == "tensorflow/serving/classify":
-                fill_classifications(result.classification_result, outputs)
-            elif task.method_name == "tensorflow/serving/regress":
-                fill_regressions(result.regression_result, outputs)
-            else:
-                raise invalid(f"MultiInference task method {task.method_name!r}: expected tensorflow/serving/classify or regress")
+    outputs = run_predict(servable, spec.signature_name, request.inputs, request.output_filter, method_check, parse)
+    response = predict_pb2.PredictResponse()
+    _model_spec(response.model_spec, servable, spec.signature_name)
+    for name, array in outputs.items():
+        from_numpy(array, response.outputs[name], as_fields=True)  # TF Serving's default: typed value fields
     return response
 
 
-def metadata(manager: ModelManager, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
-    fields = list(request.metadata_field)
-    if fields != [SIGNATURE_METADATA]:
-        raise invalid(f"metadata_field must be ['{SIGNATURE_METADATA}'], got {fields}")
+def predict(manager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+    rules.require_model_spec(request)
+    with manager.resolve(request.model_spec) as servable:
+        return predict_on(servable, request, manager.method_check)
+
+
+# -- Classify and Regress --------------------------------------------------------------------------
+def _run_examples(servable, signature_name: str, examples: np.ndarray, fetch: list[str]) -> dict[str, np.ndarray]:
+    key = rules.signature_key(signature_name)
+    return servable.run(key, {names.INPUTS: examples}, fetch)
+
+
+def classify_on(servable, request, method_check: bool) -> classification_pb2.ClassificationResponse:
+    """RunClassify: GetClassificationSignatureDef, PreProcess, the call, PostProcess."""
+    name = request.model_spec.signature_name
+    signature = rules.examples_signature(servable.signature_defs, name, names.CLASSIFY_METHOD, method_check)
+    fetch = rules.classification_outputs(signature, method_check)
+    examples = rules.serialized_examples(request.input)
+    response = classification_pb2.ClassificationResponse()
+    _model_spec(response.model_spec, servable, name)
+    rules.classifications(len(examples), _run_examples(servable, name, examples, fetch), response.result)
+    return response
+
+
+def regress_on(servable, request, method_check: bool) -> regression_pb2.RegressionResponse:
+    """RunRegress: GetRegressionSignatureDef, PreProcess, the call, PostProcess."""
+    name = request.model_spec.signature_name
+    signature = rules.examples_signature(servable.signature_defs, name, names.REGRESS_METHOD, method_check)
+    fetch = rules.regression_output(signature, method_check)
+    examples = rules.serialized_examples(request.input)
+    response = regression_pb2.RegressionResponse()
+    _model_spec(response.model_spec, servable, name)
+    rules.regressions(len(examples), _run_examples(servable, name, examples, fetch), response.result)
+    return response
+
+
+def classify(manager, request) -> classification_pb2.ClassificationResponse:
+    rules.require_model_spec(request)
+    with manager.resolve(request.model_spec) as servable:
+        return classify_on(servable, request, manager.method_check)
+
+
+def regress(manager, request) -> regression_pb2.RegressionResponse:
+    rules.require_model_spec(request)
+    with manager.resolve(request.model_spec) as servable:
+        return regress_on(servable, request, manager.method_check)
+
+
+# -- MultiInference --------------------------------------------------------------------------------
+def multi_inference_on(servable, request, method_check: bool) -> inference_pb2.MultiInferenceResponse:
+    """TensorFlowMultiInferenceRunner::Infer: every task checked first, the examples run once per
+    signature, each task's result post-processed."""
+    tasks = rules.multi_inference_tasks(servable.signature_defs, request.tasks, method_check)
+    examples = rules.serialized_examples(request.input)
+    response = inference_pb2.MultiInferenceResponse()
+    for task, (key, method) in zip(request.tasks, tasks):
+        result = response.results.add()
+        signature = servable.signature_defs[key]
+        if method == names.CLASSIFY_METHOD:
+            outputs = _run_examples(servable, key, examples, rules.classification_outputs(signature, method_check))
+            rules.classifications(len(examples), outputs, result.classification_result)
+        else:
+            outputs = _run_examples(servable, key, examples, rules.regression_output(signature, method_check))
+            rules.regressions(len(examples), outputs, result.regression_result)
+        _model_spec(result.model_spec, servable, task.model_spec.signature_name)
+    return response
+
+
+def multi_inference(manager, request) -> inference_pb2.MultiInferenceResponse:
+    # RunMultiInferenceWithServerCore: the version comes from the first task's spec (none: no name).
+    spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
+    with manager.resolve(spec) as servable:
+        return multi_inference_on(servable, request, manager.method_check)
+
+
+# -- GetModelMetadata, GetModelStatus --------------------------------------------------------------
+def metadata(manager, request) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    rules.check_metadata_request(request)
     with manager.resolve(request.model_spec) as servable:
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         response.model_spec.name = servable.name
         response.model_spec.version.value = servable.version
         signature_map = get_model_metadata_pb2.SignatureDefMap()
-        for name, sig in servable.signature_defs.items():
-            signature_map.signature_def[name].CopyFrom(sig)
-        response.metadata[SIGNATURE_METADATA].Pack(signature_map)
+        for name, signature in servable.all_signature_defs.items():
+            signature_map.signature_def[name].CopyFrom(signature)
+        response.metadata[rules.SIGNATURE_DEF_FIELD].Pack(signature_map)
         return response
 
 
-def model_status(manager: ModelManager, request) -> get_model_status_pb2.GetModelStatusResponse:
+def model_status(manager, request) -> get_model_status_pb2.GetModelStatusResponse:
+    """GetModelStatusImpl: one version when the spec names one, else all (a label is ignored)."""
+    rules.require_model_spec(request)
     spec = request.model_spec
-    version = None
-    if spec.WhichOneof("version_choice") == "version":
-        version = spec.version.value
-    elif spec.WhichOneof("version_choice") == "version_label":
-        labels = manager.labels(spec.name)
-        if spec.version_label not in labels:
-            from serving.errors import not_found
-
-            raise not_found(f"Unrecognized servable version label: {spec.version_label!r} for model {spec.name!r}")
-        version = labels[spec.version_label]
+    version = spec.version.value if spec.HasField("version") else None
     response = get_model_status_pb2.GetModelStatusResponse()
     states = get_model_status_pb2.ModelVersionStatus.State
     for v, state, error in manager.status(spec.name, version):
         row = response.model_version_status.add(version=v, state=states.Value(state))
+        row.status.error_code = 0  # OK
         if error:
             row.status.error_code = 2  # UNKNOWN
             row.status.error_message = error

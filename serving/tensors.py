@@ -70,7 +70,14 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     raise invalid(f"input '{name}': shape {shape} needs {count} values, got {array.size}")
 
 
-def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None) -> tensor_pb2.TensorProto:
+def numpy_dtype_enum(dtype: np.dtype) -> int:
+    """The DataType enum of a numeric numpy dtype (DT_INVALID when there is none)."""
+    return _NUMPY_TO_DT.get(np.dtype(dtype), types_pb2.DT_INVALID)
+
+
+def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None, as_fields: bool = False) -> tensor_pb2.TensorProto:
+    """`as_fields`: values in the typed repeated field (float_val, int64_val...), as TF Serving
+    writes its Predict answers (Tensor::AsProtoField, its default); otherwise in tensor_content."""
     proto = out if out is not None else tensor_pb2.TensorProto()
     proto.tensor_shape.Clear()
     dims = proto.tensor_shape.dim
@@ -89,5 +96,10 @@ def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None) -> 
     if dtype is None:
         raise invalid(f"cannot encode an output of numpy dtype {array.dtype}")
     proto.dtype = dtype
-    proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    if not as_fields:
+        proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    elif dtype == types_pb2.DT_HALF:
+        proto.half_val.extend(array.reshape(-1).view(np.uint16).tolist())
+    else:
+        getattr(proto, _DTYPES[dtype][1]).extend(array.reshape(-1).tolist())
     return proto

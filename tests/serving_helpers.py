@@ -16,9 +16,12 @@ KINDS = {"bill_length_mm": "float32", "flipper_length_mm": "int64", "island": "s
 SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
 
 
-def export_model(path: Path, kind: str = "classification", seed: int = 0, kinds: dict[str, str] | None = None) -> Path:
+def export_model(path: Path, kind: str = "classification", seed: int = 0, kinds: dict[str, str] | None = None,
+                 old_layout: bool = False, default: str | None = None) -> Path:
     """Exports a small untrained tabular model through the trainer's own export path; `kinds`
-    overrides feature kinds (a string feature gets a small vocabulary)."""
+    overrides feature kinds (a string feature gets a small vocabulary). `old_layout`: as exports
+    before the TF Serving signatures were written (one `serving_default` with every head's
+    outputs, method predict, and `predict_raw`)."""
     import keras
 
     from trainer.export import export_saved_model
@@ -35,8 +38,33 @@ def export_model(path: Path, kind: str = "classification", seed: int = 0, kinds:
     heads = ([Head("species", CLASSIFICATION, vocabulary=SPECIES), Head("body_mass_g", REGRESSION, mean=4200, std=800, label_dtype="float32")]
              if kind == "classification" else [Head("body_mass_g", REGRESSION, mean=4200, std=800, label_dtype="float32")])
     model = build_tabular_model(ModelContext(kinds, stats, heads), hidden_units=(8,))
-    export_saved_model(model, kinds, heads, str(path))
+    if old_layout:
+        export_old_layout(model, kinds, heads, str(path))
+    else:
+        export_saved_model(model, kinds, heads, str(path), default)
     return path
+
+
+def export_old_layout(model, kinds, heads, export_dir: str) -> None:
+    """The layout-1 export (no `layout` in loopline_signature.json)."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from trainer.export import named_outputs, raw_input_spec
+    from trainer.features import parse_examples
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", lambda inputs: named_outputs(heads, model(parse_examples(inputs, kinds), training=False)),
+                         input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    archive.add_endpoint("predict_raw", lambda features: named_outputs(heads, model(features, training=False)),
+                         input_signature=[raw_input_spec(kinds)])
+    archive.write_out(export_dir, verbose=False)
+    assets = Path(export_dir) / "assets.extra"
+    assets.mkdir(parents=True, exist_ok=True)
+    (assets / "loopline_signature.json").write_text(json.dumps({"features": kinds, "heads": [h.to_json() for h in heads]}))
 
 
 def example(bill: float = 40.0, flipper: int = 190, island: str = "Dream"):

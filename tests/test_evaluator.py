@@ -84,6 +84,41 @@ def test_champion_that_cannot_read_the_new_data_blocks_the_candidate(tmp_path):
     assert lenient.blessed and "thresholds alone" in " ".join(lenient.reasons)
 
 
+def _penguin_split(path, n: int = 6) -> str:
+    from tests.serving_helpers import example
+
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as writer:
+        for i in range(n):
+            e = example(bill=38.0 + i, flipper=185 + 3 * i, island=["Dream", "Biscoe"][i % 2])
+            e.features.feature["species"].bytes_list.value.append([b"Adelie", b"Gentoo", b"Chinstrap"][i % 3])
+            e.features.feature["body_mass_g"].float_list.value.append(3500.0 + 100 * i)
+            writer.write(e.SerializeToString())
+    return str(path)
+
+
+def test_champion_exported_before_the_tf_serving_signatures_is_still_evaluated(tmp_path):
+    """A champion in the old layout (one serving_default with every head's outputs) is evaluated
+    through that signature; the same weights in the new layout give the same metrics."""
+    from tests.serving_helpers import export_model
+    from trainer.evaluation import evaluate_and_decide, evaluate_saved_model
+
+    old = export_model(tmp_path / "old", old_layout=True)
+    new = export_model(tmp_path / "new")  # same seed: same weights
+    loaded = tf.saved_model.load(str(old))
+    assert set(loaded.signatures) == {"serving_default", "predict_raw"}
+    assert "body_mass_g" in loaded.signatures["serving_default"].structured_outputs
+    split = _penguin_split(tmp_path / "eval.gz")
+    examples = read_examples(split)
+    old_metrics, new_metrics = evaluate_saved_model(str(old), examples), evaluate_saved_model(str(new), examples)
+    assert set(old_metrics) == {"species_loss", "species_accuracy", "species_examples", "body_mass_g_loss",
+                                "body_mass_g_rmse", "body_mass_g_examples", "loss"}
+    for key, value in new_metrics.items():
+        assert old_metrics[key] == pytest.approx(value, rel=1e-5), key
+    decision = evaluate_and_decide(str(new), split, str(old), EvaluatorConfig())
+    assert decision.blessed and decision.champion is not None, decision.failed
+    assert decision.champion["loss"] == pytest.approx(old_metrics["loss"], rel=1e-6)
+
+
 def test_champion_is_the_labelled_version_else_the_latest(tmp_path):
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -111,7 +146,9 @@ def test_pushed_model_answers_both_signatures_identically(pipeline_run):
     config, summary = pipeline_run
     assert summary.blessed is True and any("no champion yet" in r for r in summary.blessing_reasons)
     pushed = summary.pushed_path
-    assert [log.predict_log.request.model_spec.signature_name for log in read_warmup(pushed)] == ["serving_default", "predict_raw"]
+    logs = read_warmup(pushed)
+    assert [log.classify_log.request.model_spec.signature_name for log in logs[:1]] == ["serving_default"]
+    assert [log.predict_log.request.model_spec.signature_name for log in logs[1:]] == ["predict", "predict_raw"]
     eval_files = glob.glob(os.path.join(config.pipeline.root, "tfx", "CsvExampleGen", "examples", "*", "Split-eval", "*"))
     examples = read_examples(eval_files[0])
     loaded = tf.saved_model.load(pushed)
@@ -147,3 +184,19 @@ def test_worse_candidate_is_not_pushed(pipeline_run, tmp_path):
     assert any(r.startswith("FAILED loss") and "vs champion" in r for r in summary.blessing_reasons), summary.blessing_reasons
     assert "NOT blessed" in "\n".join(summary.lines())
     assert os.listdir(os.path.dirname(target)) == [champion.version]  # nothing new was pushed
+
+
+def test_accepted_data_changes_bless_on_the_thresholds_when_the_champion_cannot_be_compared():
+    """The one exception to the fail-closed rule: the data changed on purpose, so a champion that
+    cannot read it does not refuse the candidate; the thresholds still bind, and the reason says why."""
+    config = EvaluatorConfig()  # on_champion_error: refuse
+    good = {"species_accuracy": 0.95, "loss": 0.20}
+    because = "the data changed on purpose: loopline data accept: run r1: [train] x: SCHEMA_MISSING_COLUMN"
+    accepted = decide(good, None, config, "/serving/m/7", champion_problem="cannot parse", thresholds_only_because=because)
+    assert accepted.blessed
+    assert f"champion not compared: cannot parse; blessed on the thresholds alone ({because})" in accepted.reasons
+    strict = config.model_copy(update={"thresholds": {"species_accuracy": Bound(min=0.99)}})
+    assert not decide(good, None, strict, champion_problem="cannot parse", thresholds_only_because=because).blessed
+    # A champion that can be compared still is: a regression refuses the candidate.
+    worse = decide(good, {"species_accuracy": 0.95, "loss": 0.1}, config, thresholds_only_because=because)
+    assert not worse.blessed

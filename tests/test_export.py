@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -70,6 +73,46 @@ def test_all_variants_pass_parity_and_are_reported(exported):
     assert "TFLite int8" in (artifact / REPORT_MD).read_text()
 
 
+def _shown_signatures(saved_model_dir) -> dict[str, dict]:
+    """`saved_model_cli show --all`, TensorFlow's own view: {signature: {"method", "inputs", "outputs"}}."""
+    done = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--dir",
+                           str(saved_model_dir), "--all"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown, current, side = {}, None, None
+    for line in done.stdout.splitlines():
+        if match := re.match(r"signature_def\['(.+)'\]:", line):
+            current = shown.setdefault(match[1], {"inputs": set(), "outputs": set()})
+        elif "contains the following input" in line or "contains the following output" in line:
+            side = "inputs" if "input" in line.split("following")[1] else "outputs"
+        elif match := re.match(r"\s+(?:inputs|outputs)\['(.+)'\] tensor_info:", line):
+            current[side].add(match[1])
+        elif line.strip().startswith("Method name is:"):
+            current["method"] = line.split(":", 1)[1].strip()
+    return shown
+
+
+def test_signatures_are_tf_servings_as_saved_model_cli_shows_them(exported, trained, tmp_path):
+    from tests.serving_helpers import export_model as export_two_heads
+
+    _, serving, _ = exported  # one head: species
+    shown = _shown_signatures(serving)
+    classify, regress = "tensorflow/serving/classify", "tensorflow/serving/regress"
+    assert shown["classify_species"] == {"method": classify, "inputs": {"inputs"}, "outputs": {"classes", "scores"}}
+    assert shown["serving_default"] == shown["classify_species"]
+    assert shown["predict"] == {"method": "tensorflow/serving/predict", "inputs": {"inputs"},
+                                "outputs": {"species_classes", "species_scores"}}
+    assert shown["predict_raw"]["outputs"] == {"classes", "scores"}  # as before
+    # Two heads (species, body_mass_g): data.label picks the one behind serving_default.
+    for label, expected in (("species", "classify_species"), ("body_mass_g", "regress_body_mass_g")):
+        both = _shown_signatures(export_two_heads(tmp_path / label, default=label))
+        assert both["regress_body_mass_g"] == {"method": regress, "inputs": {"inputs"}, "outputs": {"outputs"}}
+        assert both["predict"]["outputs"] == {"species_classes", "species_scores", "body_mass_g_outputs"}
+        assert both["serving_default"] == both[expected]
+    result = trained[0]
+    with pytest.raises(ValueError, match="default head 'nope' is not one of the model's heads"):
+        export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "nope"), default="nope")
+
+
 def test_string_inputs_convert_to_builtins_and_match(exported, trained):
     _, serving, artifact = exported
     from ai_edge_litert.interpreter import Interpreter
@@ -97,16 +140,19 @@ def test_string_inputs_convert_to_builtins_and_match(exported, trained):
 def test_warmup_requests_replay_on_the_saved_model(exported):
     _, serving, _ = exported
     logs = read_warmup(str(serving))
-    assert [log.predict_log.request.model_spec.signature_name for log in logs] == ["serving_default", "predict_raw"]
+    assert [log.WhichOneof("log_type") for log in logs] == ["classify_log", "predict_log", "predict_log"]
+    classify = logs[0].classify_log.request
+    assert classify.model_spec.signature_name == "serving_default" and len(classify.input.example_list.examples) == 8
+    assert [log.predict_log.request.model_spec.signature_name for log in logs[1:]] == ["predict", "predict_raw"]
     loaded = tf.saved_model.load(str(serving))
     answers = []
-    for log in logs:
+    for log in logs[1:]:
         request = log.predict_log.request
         inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
         answers.append(loaded.signatures[request.model_spec.signature_name](**{k: tf.constant(v) for k, v in inputs.items()}))
-    assert answers[0]["scores"].shape[0] == 8
+    assert answers[0]["species_scores"].shape[0] == 8
     # The two requests hold the same rows: the two signatures must agree on them.
-    np.testing.assert_allclose(answers[0]["scores"].numpy(), answers[1]["scores"].numpy(), atol=1e-6)
+    np.testing.assert_allclose(answers[0]["species_scores"].numpy(), answers[1]["scores"].numpy(), atol=1e-6)
 
 
 def test_exported_metrics_match_training_evaluation(exported, trained):

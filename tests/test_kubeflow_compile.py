@@ -23,7 +23,7 @@ BEAM = '["--runner=DataflowRunner","--project=p","--region=europe-west4"]'
 def remote_config(tmp_path, *overrides):
     return make_config(
         tmp_path, f"pipeline.root={ROOT}", f"data.path={DATA}", f"mlflow.tracking_uri={MLFLOW}",
-        f"pipeline.beam_args={BEAM}", *overrides,
+        f"pipeline.beam_args={BEAM}", "pipeline.enable_cache=false", *overrides,
     )
 
 
@@ -112,6 +112,17 @@ def test_root_data_mlflow_and_beam_args_reach_the_pods(compiled):
         assert arg in example_gen["args"]
 
 
+def test_data_baseline_lives_under_the_root_the_pods_share(compiled):
+    """No ML Metadata in the pods: the baseline is files under pipeline.root, written after the
+    Pusher and read by SchemaGen and ExampleValidator; the Evaluator sees accepted changes."""
+    _, _, job, _ = compiled
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    for task in ("SchemaGen", "ExampleValidator", "BaselineRecorder"):
+        assert tasks[task]["inputs"]["parameters"]["baseline_dir"]["runtimeValue"]["constant"] == f"{ROOT}/baseline/penguins"
+    assert "Pusher" in tasks["BaselineRecorder"]["dependentTasks"]
+    assert tasks["Evaluator"]["inputs"]["artifacts"]["anomalies"]["taskOutputArtifact"]["producerTask"] == "ExampleValidator"
+
+
 def test_json_is_a_pipeline_job_and_yaml_a_pipeline_spec(compiled, tmp_path):
     from google.protobuf import json_format
     from kfp.pipeline_spec import pipeline_spec_pb2
@@ -148,6 +159,7 @@ def test_mounted_volume_paths_compile_with_warnings(tmp_path):
     assert any(w.startswith("pipeline.root:") for w in result.warnings)
     assert any(w.startswith("data.path:") for w in result.warnings)
     assert any(w.startswith("mlflow.tracking_uri:") for w in result.warnings)
+    assert any(w.startswith("pipeline.enable_cache:") for w in result.warnings)  # the default is on
     job = json.loads((tmp_path / "p.json").read_text())
     assert job["runtimeConfig"]["gcsOutputDirectory"] == str(tmp_path / "mnt" / "tfx")
     assert not (tmp_path / "mnt" / "metadata.sqlite").exists()  # Kubeflow keeps ML Metadata

@@ -139,9 +139,12 @@ def test_status_and_metadata(stub, model_stub):
     response = stub.GetModelMetadata(request, timeout=10)
     signatures = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signatures)
-    assert set(signatures.signature_def) >= {"serving_default", "predict_raw"}
+    assert set(signatures.signature_def) - {"__saved_model_init_op"} == {
+        "serving_default", "classify_species", "regress_body_mass_g", "predict", "predict_raw"}
     assert set(signatures.signature_def["predict_raw"].inputs) == {"bill_length_mm", "flipper_length_mm", "island"}
-    assert set(signatures.signature_def["serving_default"].outputs) == {"classes", "scores", "body_mass_g"}
+    default = signatures.signature_def["serving_default"]
+    assert (set(default.outputs), default.method_name) == ({"classes", "scores"}, "tensorflow/serving/classify")
+    assert set(signatures.signature_def["predict"].outputs) == {"species_classes", "species_scores", "body_mass_g_outputs"}
 
 
 def test_predict_matches_the_saved_model(stub, exported):
@@ -189,9 +192,13 @@ def test_classify_regress_multi_inference(stub, exported):
     response = stub.MultiInference(multi, timeout=10)
     assert response.results[0].regression_result.regressions[0].value == pytest.approx(values[0], rel=1e-5)
 
-    regress.model_spec.name = "penguins"  # a classifier has no `outputs`
+    regress.model_spec.name = "penguins"  # serving_default is a classify signature: two outputs
     code, details = rpc_code(stub.Regress, regress)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a regressor" in details
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details == "Expected one output Tensor."
+    regress.model_spec.signature_name = "regress_body_mass_g"  # the second head's own signature
+    penguin_mass = [r.value for r in stub.Regress(regress, timeout=10).result.regressions]
+    expected = in_process(exported["a"], "predict", inputs=tf.constant([example().SerializeToString()]))
+    np.testing.assert_allclose(penguin_mass, expected["body_mass_g_outputs"].reshape(-1), rtol=1e-5)
 
 
 def test_errors_have_tf_serving_codes(stub, server):
@@ -199,20 +206,20 @@ def test_errors_have_tf_serving_codes(stub, server):
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     assert rpc_code(stub.Predict, raw_request(model="nope"))[0] == not_found
     assert rpc_code(stub.Predict, raw_request(version=9))[0] == not_found
-    assert rpc_code(stub.Predict, raw_request(version_label="nope"))[0] == not_found
+    assert rpc_code(stub.Predict, raw_request(version_label="nope"))[0] == invalid  # TF Serving's code
 
     code, details = rpc_code(stub.Predict, raw_request(bill="forty"))
     assert code == invalid and "bill_length_mm" in details and "expects dtype float" in details
     request = raw_request()
     del request.inputs["island"]
     code, details = rpc_code(stub.Predict, request)
-    assert code == invalid and "missing ['island']" in details
+    assert code == invalid and "Missing but required: {island}" in details
     request = raw_request()
     request.inputs["island"].CopyFrom(tf.make_tensor_proto([b"Dream"]))
     code, details = rpc_code(stub.Predict, request)
     assert code == invalid and "expects shape [-1, 1], got [1]" in details
     code, details = rpc_code(stub.Predict, raw_request(signature_name="nope"))
-    assert code == invalid and "nope" in details
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "nope" in details
 
     big = raw_request()
     big.inputs["island"].CopyFrom(tf.make_tensor_proto([[b"x" * (17 * 1024 * 1024)]]))
@@ -279,15 +286,16 @@ def test_rest_matches_grpc(stub, server):
         "examples": [{"bill_length_mm": 40.0, "flipper_length_mm": 190, "island": "Dream"}]}).json()
     assert isinstance(regress["results"][0], float)
 
-    assert requests.get(url, timeout=10).json()["model_version_status"][0]["state"] == "AVAILABLE"
+    assert requests.get(url, timeout=10).json()["model_version_status"] == [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]
     assert "predict_raw" in requests.get(f"{url}/metadata", timeout=10).json()["metadata"]["signature_def"]["signature_def"]
     missing = requests.post(f"{server.rest_url}/v1/models/nope:predict", json={"instances": [1]}, timeout=10)
     assert missing.status_code == 404 and "nope" in missing.json()["error"]
     bad = requests.post(f"{url}:predict", data="{not json", timeout=10)
-    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]
+    assert bad.status_code == 400 and bad.json()["error"].startswith("JSON Parse error")
     wrong = requests.post(f"{url}:predict", timeout=10, json={
         "signature_name": "predict_raw", "inputs": {"bill_length_mm": [["x"]], "flipper_length_mm": [[1.0]], "island": [["a"]]}})
-    assert wrong.status_code == 400 and "bill_length_mm" in wrong.json()["error"]
+    assert wrong.status_code == 400 and "is not of expected type: float" in wrong.json()["error"]
     huge = requests.post(f"{url}:predict", data=b"x" * (17 * 1024 * 1024), timeout=30)
     assert huge.status_code == 413
 

@@ -2,6 +2,7 @@
 entries that point outside the serving root."""
 import logging
 
+import pytest
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
@@ -11,6 +12,7 @@ from serving.config_writer import (
     read_textproto,
     write_serving_configs,
 )
+from serving.errors import ServingError
 from serving.manager import ModelManager
 from serving.model_config import read_model_server_config, set_version_labels, write_model_server_config
 
@@ -53,8 +55,12 @@ def test_server_refuses_models_outside_the_serving_root(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="loopline.serving"):
         manager.start()
     manager.stop()
-    assert "refusing model 'escape'" in caplog.text and "not inside the serving root" in caplog.text
-    assert "refusing model '../outside'" in caplog.text and "not a plain name" in caplog.text
+    # As TF Serving does with an invalid config, the whole config is refused, naming the problem.
+    assert "models.config not applied: model escape" in caplog.text and "not inside the serving root" in caplog.text
+    assert manager._models == {}
+    del config.model_config_list.config[0]
+    with pytest.raises(ServingError, match="not a plain name"):
+        manager.apply_config(config)
     assert manager._models == {}
 
 

@@ -59,7 +59,7 @@ def test_a_model_a_session_cannot_load_is_called_eagerly(tmp_path):
 
     servable = Servable("doubler", 1, path, None, 10**6)
     assert servable.call_mode == "eager"
-    np.testing.assert_array_equal(servable.run("", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
+    np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
 
 
 def test_v1_control_flow_runs_on_the_default_executor(tmp_path):
@@ -83,5 +83,5 @@ def test_v1_control_flow_runs_on_the_default_executor(tmp_path):
 
     servable = Servable("v1", 1, path, None, 10**6)
     assert servable.call_mode == "session (default executor)"
-    np.testing.assert_array_equal(servable.run("", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
-    np.testing.assert_array_equal(servable.run("", {"x": np.array([[-1.0]], np.float32)})["y"], [[-2.0]])
+    np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
+    np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[-1.0]], np.float32)})["y"], [[-2.0]])

@@ -66,6 +66,11 @@ def test_text_in_numeric_column_stops_in_a_first_run(tmp_path, capsys):
     assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
     assert "no anomalies" not in page and "heavy" in page and 'class="bad"' in page
+    # A first run has no baseline: its problems are within the run, which acceptance cannot let through.
+    capsys.readouterr()
+    assert main(["data", "accept", *common]) == 2
+    assert "stopped by problems within the run" in capsys.readouterr().err
+    assert not (tmp_path / "ws" / "baseline").exists()
 
 
 def test_unseen_category_stops_against_curated_schema(tmp_path):
@@ -75,6 +80,14 @@ def test_unseen_category_stops_against_curated_schema(tmp_path):
     data = write_csv(tmp_path / "p.csv", rows)
     report = assert_stopped(tmp_path, "island", f"data.path={data}", f"data.schema={SCHEMA}")
     assert "'Atlantis'" in report and "ENUM_TYPE_UNEXPECTED_STRING_VALUES" in report
+    # Accepting it never edits the curated file: it prints the diff to apply by hand.
+    from pipeline.data_accept import accept_data
+
+    before = open(SCHEMA).read()
+    lines = accept_data(make_config(tmp_path / "ws", f"data.path={data}", f"data.schema={SCHEMA}"))
+    diff = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("data.schema"))):])
+    assert f"--- {SCHEMA}" in diff and '+  value: "Atlantis"' in diff
+    assert open(SCHEMA).read() == before
 
 
 def test_shifted_numeric_distribution_between_splits_stops(tmp_path):

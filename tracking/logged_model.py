@@ -13,8 +13,10 @@ import mlflow
 import pandas as pd
 from mlflow.models import infer_signature
 
+from serving import signature_names as names
+
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
-SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
+SIGNATURE_FILE = os.path.join(names.ASSETS_EXTRA, names.SIGNATURE_FILE)
 
 
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:

@@ -19,7 +19,9 @@ from mlflow.models import set_model
 # would only repeat that, but warns on every load without it.
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")  # text starts with a colour code
 
+# Copies of serving/signature_names.py (this file is loaded without loopline): keep them equal.
 SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
+PREDICT_RAW = "predict_raw"
 
 
 class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
@@ -28,7 +30,7 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
 
         self._tf = tf
         path = context.artifacts["saved_model"]
-        self._predict = tf.saved_model.load(path).signatures["predict_raw"]
+        self._predict = tf.saved_model.load(path).signatures[PREDICT_RAW]
         with open(os.path.join(path, SIGNATURE_FILE)) as f:
             description = json.load(f)
         self._features = description["features"]

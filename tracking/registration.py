@@ -28,6 +28,7 @@ TAG_GIT_COMMIT = "loopline.git_commit"
 TAG_SERVING_VERSION = "loopline.serving_version"
 TAG_EXECUTION_ID = "loopline.mlmd_execution_id"
 TAG_TRAINER_EXECUTION_ID = "loopline.trainer_execution_id"
+TAG_ACCEPTED_CHANGES = "loopline.accepted_changes"  # the run trained on data changes accepted by hand
 EXPORT_SUFFIXES = (".tflite", ".json", ".md", ".txt", ".csv")
 
 
@@ -50,6 +51,7 @@ class Registration:
     git_commit: str | None = None
     input_records: list[dict] = field(default_factory=list)
     data_dirs: dict[str, str] = field(default_factory=dict)  # artifact path -> folder
+    accepted_changes: str = ""  # data changes accepted for this run ("" for none), tagged on the run
 
 
 @dataclass
@@ -170,6 +172,8 @@ def _register(reg: Registration) -> RegistrationResult:
     run = client.get_run(run_id)
 
     tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags(reg.git_commit)}
+    if reg.accepted_changes:
+        tags[TAG_ACCEPTED_CHANGES] = reg.accepted_changes[:5000]  # MLflow caps tag values
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
 

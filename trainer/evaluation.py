@@ -10,30 +10,47 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from serving import signature_names as names
 from trainer.export_config import EvaluatorConfig
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import record_dataset
 
-SIGNATURE_FILE = "loopline_signature.json"  # Written by trainer.export next to the warmup file.
+def _description_path(saved_model_dir: str) -> str:
+    return os.path.join(saved_model_dir, names.ASSETS_EXTRA, names.SIGNATURE_FILE)
+
+
+def read_description(saved_model_dir: str) -> dict:
+    """What trainer.export recorded beside the SavedModel (features, heads, signature layout)."""
+    path = _description_path(saved_model_dir)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{saved_model_dir} is not a loopline export: {path} is missing")
+    with tf.io.gfile.GFile(path) as f:
+        return json.loads(f.read())
 
 
 def read_signature(saved_model_dir: str) -> tuple[dict[str, str], list[Head]]:
     """The feature kinds and heads recorded at export time."""
-    path = os.path.join(saved_model_dir, "assets.extra", SIGNATURE_FILE)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{saved_model_dir} is not a loopline export: {path} is missing")
-    with tf.io.gfile.GFile(path) as f:
-        data = json.load(f)
+    data = read_description(saved_model_dir)
     return data["features"], [Head.from_json(h) for h in data["heads"]]
 
 
 def prediction_key(heads: list[Head], head: Head) -> str:
-    """The signature output holding a head's prediction (trainer.export.named_outputs names them so)."""
+    """The `predict_raw` output holding a head's prediction (trainer.export.named_outputs names
+    them so), also the layout-1 `serving_default`'s."""
     first = head is heads[0]
     if head.kind == CLASSIFICATION:
-        return "scores" if first else f"{head.name}_scores"
-    return "outputs" if first else head.name
+        return names.SCORES if first else f"{head.name}_{names.SCORES}"
+    return names.OUTPUTS if first else head.name
+
+
+def evaluation_signature(layout: int, heads: list[Head]) -> tuple[str, dict[str, str]]:
+    """The tf.Example signature answering for every head, and each head's output in it: `predict`
+    (`<head>_scores`, `<head>_outputs`), or in exports before it (layout 1) `serving_default`."""
+    if layout >= 2:
+        return names.PREDICT, {h.name: names.head_output(h.name, names.SCORES if h.kind == CLASSIFICATION else names.OUTPUTS)
+                               for h in heads}
+    return names.DEFAULT, {h.name: prediction_key(heads, h) for h in heads}
 
 
 def label_kinds(heads: list[Head]) -> dict[str, str]:
@@ -59,10 +76,13 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
 
 def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size: int = 256,
                          heads: list[Head] | None = None) -> dict[str, float]:
-    """Metrics of an exported model, computed from its `serving_default` answers on serialized
-    eval examples (`read_examples`). `heads`: its read_signature heads, when already read."""
-    heads = heads if heads is not None else read_signature(saved_model_dir)[1]
-    serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+    """Metrics of an exported model, computed from its `predict` answers (`serving_default`'s
+    for exports before it) on serialized eval examples (`read_examples`). `heads`: its
+    read_signature heads, when already read."""
+    description = read_description(saved_model_dir)
+    heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
+    signature, keys = evaluation_signature(description.get("layout", 1), heads)
+    serve = tf.saved_model.load(saved_model_dir).signatures[signature]
     predictions: dict[str, list] = {h.name: [] for h in heads}
     labels: dict[str, list] = {h.name: [] for h in heads}
     for start in range(0, len(examples), batch_size):
@@ -70,7 +90,7 @@ def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size
         out = serve(inputs=chunk)
         parsed = parse_examples(chunk, label_kinds(heads))
         for head in heads:
-            predictions[head.name].append(out[prediction_key(heads, head)].numpy())
+            predictions[head.name].append(out[keys[head.name]].numpy())
             labels[head.name].append(parsed[head.name].numpy())
     return head_metrics(
         heads,
@@ -80,7 +100,7 @@ def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size
 
 
 def _is_loopline_export(saved_model_dir: str) -> bool:
-    return tf.io.gfile.exists(os.path.join(saved_model_dir, "assets.extra", SIGNATURE_FILE))
+    return tf.io.gfile.exists(_description_path(saved_model_dir))
 
 
 def lower_is_better(metric: str) -> bool:
@@ -105,8 +125,11 @@ class Blessing:
 
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, config: EvaluatorConfig,
-           champion_path: str | None = None, champion_problem: str | None = None) -> Blessing:
-    """Applies the thresholds, then the comparison with the champion (when there is one)."""
+           champion_path: str | None = None, champion_problem: str | None = None,
+           thresholds_only_because: str | None = None) -> Blessing:
+    """Applies the thresholds, then the comparison with the champion (when there is one).
+    `thresholds_only_because`: why a champion that cannot be compared does not refuse the
+    candidate here (the data changed on purpose, so the champion may not read it)."""
     reasons: list[str] = []
     failed: list[str] = []
 
@@ -140,7 +163,9 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
         if champion_problem is not None:
             # Fail closed: a candidate that could not be compared is not known to be no worse.
             text = f"champion not compared: {champion_problem}"
-            if config.on_champion_error == "refuse":
+            if thresholds_only_because:
+                reasons.append(f"{text}; blessed on the thresholds alone ({thresholds_only_because})")
+            elif config.on_champion_error == "refuse":
                 check(False, f"{text} (evaluator.on_champion_error is refuse)")
             else:
                 reasons.append(f"{text}; blessed on the thresholds alone (evaluator.on_champion_error is thresholds_only)")
@@ -155,9 +180,10 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
 
 
-def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig) -> Blessing:
+def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
+                        thresholds_only_because: str | None = None) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
-    the same eval examples, read once."""
+    the same eval examples, read once. `thresholds_only_because`: see decide()."""
     examples = read_examples(eval_pattern, config.eval_examples)
     if not examples:
         raise ValueError(f"no eval examples in {eval_pattern}")
@@ -171,9 +197,9 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         ours = [h.name for h in heads]
         if theirs is not None and [h.name for h in theirs] != ours:
             problem = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
-            return decide(candidate, None, config, champion_dir, problem)
+            return decide(candidate, None, config, champion_dir, problem, thresholds_only_because)
         try:
             champion = evaluate_saved_model(champion_dir, examples, heads=theirs)
         except Exception as exc:  # decide() refuses the candidate unless on_champion_error allows it.
             problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
-    return decide(candidate, champion, config, champion_dir, problem)
+    return decide(candidate, champion, config, champion_dir, problem, thresholds_only_because)

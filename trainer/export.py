@@ -1,9 +1,13 @@
-"""SavedModel export with TF Serving's signature conventions.
+"""SavedModel export with TF Serving's signatures (names in serving/signature_names.py).
 
-- `serving_default`: input `inputs` (serialized tf.Examples). The first head gives the outputs
-  TF Serving's Classify/Regress APIs expect: `classes` + `scores` (classification) or
-  `outputs` (regression); further heads come as `<head>_classes`/`<head>_scores` or `<head>`.
-- `predict_raw`: one `[batch, 1]` tensor per feature (float32 numbers, strings), JSON friendly.
+- `classify_<head>` per classification head (method classify): input `inputs` (serialized
+  tf.Examples), outputs `classes` and `scores`, as TF Serving's Classify requires.
+- `regress_<head>` per regression head (method regress): input `inputs`, output `outputs`.
+- `serving_default`: the default head's (`data.label`'s) classify or regress signature.
+- `predict` (method predict): input `inputs`, every head's outputs as `<head>_classes`,
+  `<head>_scores`, `<head>_outputs`.
+- `predict_raw`: one `[batch, 1]` tensor per feature (float32 numbers, strings), JSON friendly;
+  outputs named as `named_outputs` says.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluation import SIGNATURE_FILE, label_kinds, prediction_key, read_examples
+from serving import signature_names as names
+from trainer.evaluation import label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
 from trainer.features import FeatureKinds, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
@@ -49,27 +54,92 @@ def raw_input_spec(kinds: FeatureKinds) -> dict[str, tf.TensorSpec]:
     }
 
 
-def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], export_dir: str) -> str:
-    """Writes the SavedModel to `export_dir`; returns it."""
-    # Labels may be present in served examples; parse only the inputs.
-    def serve_examples(inputs):
-        features = parse_examples(inputs, kinds)
-        return named_outputs(heads, model(features, training=False))
+def _vocabulary(head: Head, prediction: tf.Tensor) -> tf.Tensor:
+    """`[batch, classes]` class names, as TF Serving's Classify wants them beside the scores."""
+    return tf.tile(tf.constant(head.vocabulary)[tf.newaxis, :], [tf.shape(prediction)[0], 1])
 
-    def serve_raw(features):
-        return named_outputs(heads, model(features, training=False))
 
+def head_outputs(head: Head, prediction: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A head's classify (`classes`, `scores`) or regress (`outputs`) signature outputs."""
+    if head.kind == CLASSIFICATION:
+        return {names.CLASSES: _vocabulary(head, prediction), names.SCORES: prediction}
+    return {names.OUTPUTS: prediction}
+
+
+def predict_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Every head's outputs for the `predict` signature, prefixed with the head's name."""
+    return {names.head_output(h.name, key): value for h in heads for key, value in head_outputs(h, outputs[h.name]).items()}
+
+
+def head_signature(head: Head) -> tuple[str, str]:
+    """(signature name, method name) of a head's own signature."""
+    if head.kind == CLASSIFICATION:
+        return names.classify(head.name), names.CLASSIFY_METHOD
+    return names.regress(head.name), names.REGRESS_METHOD
+
+
+def default_head(heads: list[Head], name: str | None) -> Head:
+    """The head behind `serving_default`: `name` (data.label), else the first."""
+    if not heads:
+        raise ValueError("the model has no heads (no label columns): there is nothing to serve")
+    if name is None:
+        return heads[0]
+    for head in heads:
+        if head.name == name:
+            return head
+    raise ValueError(f"default head '{name}' is not one of the model's heads {[h.name for h in heads]}")
+
+
+def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], export_dir: str,
+                       default: str | None = None) -> str:
+    """Writes the SavedModel to `export_dir` (`default`: the head behind `serving_default`,
+    None: the first); returns it."""
+    default_name = default_head(heads, default).name
+
+    def predictions(serialized):  # labels may be present in served examples; parse only the inputs
+        return model(parse_examples(serialized, kinds), training=False)
+
+    examples = [tf.TensorSpec([None], tf.string, name=names.INPUTS)]
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint("serving_default", serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
-    archive.add_endpoint("predict_raw", serve_raw, input_signature=[raw_input_spec(kinds)])
+    methods = {}
+    def serve_head(head):  # a closure: tf.function traces default arguments
+        return lambda inputs: head_outputs(head, predictions(inputs)[head.name])
+
+    for head in heads:
+        name, method = head_signature(head)
+        for key in ([name, names.DEFAULT] if head.name == default_name else [name]):
+            archive.add_endpoint(key, serve_head(head), input_signature=examples)
+            methods[key] = method
+    archive.add_endpoint(names.PREDICT, lambda inputs: predict_outputs(heads, predictions(inputs)), input_signature=examples)
+    archive.add_endpoint(names.PREDICT_RAW, lambda features: named_outputs(heads, model(features, training=False)),
+                         input_signature=[raw_input_spec(kinds)])
     archive.write_out(export_dir, verbose=False)
+    set_method_names(export_dir, methods)
     # Readers that must not load TensorFlow (the serving config writer, clients) use this.
-    description = {"features": kinds, "heads": [h.to_json() for h in heads]}
-    assets = os.path.join(export_dir, "assets.extra")
+    description = {"features": kinds, "heads": [h.to_json() for h in heads], "layout": names.LAYOUT,
+                   "default_head": default_name}
+    assets = os.path.join(export_dir, names.ASSETS_EXTRA)
     tf.io.gfile.makedirs(assets)
-    _write(os.path.join(assets, SIGNATURE_FILE), json.dumps(description, indent=2))
+    with tf.io.gfile.GFile(os.path.join(assets, names.SIGNATURE_FILE), "w") as f:
+        f.write(json.dumps(description, indent=2))
     return export_dir
+
+
+def set_method_names(export_dir: str, methods: dict[str, str]) -> None:
+    """Sets the signatures' method names in saved_model.pb (TF2 writes every one as predict;
+    TF Serving checks them with --enable_signature_method_name_check)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = os.path.join(export_dir, "saved_model.pb")
+    proto = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    for meta_graph in proto.meta_graphs:
+        for key, method in methods.items():
+            meta_graph.signature_def[key].method_name = method
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(proto.SerializeToString())
 
 
 def float32_model(model: keras.Model) -> keras.Model:
@@ -124,19 +194,21 @@ def _signatures(loaded) -> dict:
 
 def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], metrics: dict[str, float],
                  serving_dir: str, artifact_dir: str, train_pattern: str, eval_pattern: str,
-                 config: ExportConfig) -> dict:
+                 config: ExportConfig, default: str | None = None) -> dict:
     """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
-    and the report (`export_report.json`/`.md` in `artifact_dir`). Raises tflite.ParityError,
-    after writing the report, when a variant is over its tolerance."""
+    and the report (`export_report.json`/`.md` in `artifact_dir`). `default`: the head behind
+    `serving_default` (data.label). Raises tflite.ParityError, after writing the report, when a
+    variant is over its tolerance."""
     model = float32_model(model)
-    export_saved_model(model, kinds, heads, serving_dir)
+    export_saved_model(model, kinds, heads, serving_dir, default)
     eval_examples = read_examples(eval_pattern, config.parity_examples)
     if not eval_examples:
         raise ValueError(f"no eval examples in {eval_pattern}")
     features = _parsed_numpy(eval_examples, kinds)
     labels = _parsed_numpy(eval_examples, label_kinds(heads))
     warm = min(config.warmup_examples, len(eval_examples))
-    write_warmup(serving_dir, eval_examples[:warm], {k: v[:warm] for k, v in features.items()})
+    write_warmup(serving_dir, eval_examples[:warm], {k: v[:warm] for k, v in features.items()},
+                 head_signature(default_head(heads, default))[1])
 
     loaded = tf.saved_model.load(serving_dir)
     raw = loaded.signatures[tflite.SIGNATURE]

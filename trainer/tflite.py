@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from serving import signature_names as names
 from trainer.evaluation import head_metrics, prediction_key
 from trainer.heads import CLASSIFICATION, Head
 
-SIGNATURE = "predict_raw"
+SIGNATURE = names.PREDICT_RAW
 
 
 class ParityError(RuntimeError):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
-from scipy.spatial import distance
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
 from validation.config import ValidationConfig
@@ -38,6 +37,7 @@ class Problem:
     feature: str
     kind: str  # the AnomalyInfo.Type name
     description: str
+    against_baseline: bool = False  # found against the baseline (an upstream change), not within the run
 
 
 def _quote(values, limit: int) -> str:
@@ -53,33 +53,66 @@ def _numbers_from_histogram(feature: statistics_pb2.FeatureNameStatistics) -> np
     return None
 
 
-def _rebin(histogram, edges: np.ndarray) -> np.ndarray:
-    """Spreads each bucket's count uniformly over the common `edges` (a point bucket stays a point)."""
-    out = np.zeros(len(edges) - 1)
+def _split_buckets(histogram) -> tuple[list, dict[float, float], float]:
+    """TFDV's StripPointAndInfiniteBuckets: ranged buckets, point masses, mass at infinite bounds."""
+    ranged, points, infinite = [], {}, 0.0
     for bucket in histogram.buckets:
         low, high, count = bucket.low_value, bucket.high_value, bucket.sample_count
-        if high <= low:
-            index = min(max(np.searchsorted(edges, low, side="right") - 1, 0), len(out) - 1)
-            out[index] += count
-            continue
+        if not (math.isfinite(low) and math.isfinite(high)):
+            infinite += count
+        elif low == high:
+            points[low] = points.get(low, 0.0) + count
+        else:
+            ranged.append((low, high, count))
+    return ranged, points, infinite
+
+
+def _rebin(ranged: list, edges: np.ndarray) -> np.ndarray:
+    """Spreads each bucket's count uniformly over the common `edges` (TFDV's RebucketHistogram)."""
+    out = np.zeros(max(len(edges) - 1, 0))
+    for low, high, count in ranged:
         overlap = np.clip(np.minimum(edges[1:], high) - np.maximum(edges[:-1], low), 0.0, None)
         out += count * overlap / (high - low)
     return out
 
 
+def aligned_histograms(ha, hb) -> tuple[np.ndarray, np.ndarray]:
+    """Two histograms as counts over the same buckets, as TFDV's AlignHistograms builds them: the
+    union of their bucket boundaries (counts spread uniformly within a bucket), then one bucket per
+    point mass, one per side for values at infinite bounds and, when either has NaNs, two for NaN."""
+    ranged_a, points_a, inf_a = _split_buckets(ha)
+    ranged_b, points_b, inf_b = _split_buckets(hb)
+    edges = np.asarray(sorted({x for low, high, _ in ranged_a + ranged_b for x in (low, high)}))
+    p, q = list(_rebin(ranged_a, edges)), list(_rebin(ranged_b, edges))
+    for point in sorted(set(points_a) | set(points_b)):
+        p.append(points_a.get(point, 0.0))
+        q.append(points_b.get(point, 0.0))
+    if inf_a:
+        p, q = p + [inf_a], q + [0.0]
+    if inf_b:
+        p, q = p + [0.0], q + [inf_b]
+    if ha.num_nan > 0 or hb.num_nan > 0:
+        p, q = p + [0.0, ha.num_nan], q + [hb.num_nan, 0.0]
+    return np.asarray(p, np.float64), np.asarray(q, np.float64)
+
+
 def js_divergence(a: statistics_pb2.FeatureNameStatistics, b: statistics_pb2.FeatureNameStatistics) -> float:
-    """Jensen-Shannon divergence (base 2, in [0, 1]) between two numeric features' histograms."""
+    """TFDV's approximate Jensen-Shannon divergence of two numeric features' STANDARD histograms:
+    (KL(P||M) + KL(Q||M)) / 2 with M = (P + Q) / 2, logarithms in base 2, capped at 1."""
     ha, hb = _numbers_from_histogram(a), _numbers_from_histogram(b)
     if ha is None or hb is None or not ha.buckets or not hb.buckets:
         return 0.0
-    edges = sorted({x for h in (ha, hb) for bucket in h.buckets for x in (bucket.low_value, bucket.high_value)})
-    if len(edges) < 2:
-        return 0.0
-    edges = np.asarray(edges)
-    p, q = _rebin(ha, edges), _rebin(hb, edges)
+    p, q = aligned_histograms(ha, hb)
     if p.sum() == 0 or q.sum() == 0:
         return 0.0
-    return float(distance.jensenshannon(p / p.sum(), q / q.sum(), base=2) ** 2)
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+
+    def kl(x: np.ndarray) -> float:
+        both = (x > 0) & (m > 0)
+        return float(np.sum(x[both] * np.log2(x[both] / m[both])))
+
+    return min((kl(p) + kl(q)) / 2, 1.0)
 
 
 def linf_distance(a: statistics_pb2.FeatureNameStatistics, b: statistics_pb2.FeatureNameStatistics) -> tuple[float, str]:
@@ -94,9 +127,10 @@ def linf_distance(a: statistics_pb2.FeatureNameStatistics, b: statistics_pb2.Fea
 
 
 class _Collector:
-    def __init__(self, split: str):
+    def __init__(self, split: str, anomalies: anomalies_pb2.Anomalies | None = None):
         self.split = split
-        self.anomalies = anomalies_pb2.Anomalies(anomaly_name_format=anomalies_pb2.Anomalies.SERIALIZED_PATH)
+        self.anomalies = anomalies if anomalies is not None else anomalies_pb2.Anomalies(
+            anomaly_name_format=anomalies_pb2.Anomalies.SERIALIZED_PATH)
         self.problems: list[Problem] = []
 
     def add(self, feature: str, kind: int, short: str, description: str) -> None:
@@ -109,14 +143,15 @@ class _Collector:
         self.problems.append(Problem(self.split, feature, T.Type.Name(kind), description))
 
 
-def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig) -> None:
+def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig,
+                   guess_numeric_text: bool = True) -> None:
     name, limit = feature.name, config.example_values
     common = common_stats(stats)
     expected = feature.type
     actual = SCHEMA_TYPES.get(stats.type)
     if common.num_non_missing and actual != expected and feature.type in _TYPE_NAMES:
         if expected in (schema_pb2.INT, schema_pb2.FLOAT) and actual == schema_pb2.BYTES:
-            bad = [v for v in value_counts(stats) if not is_number_text(v)]
+            bad = [v for v in value_counts(stats) if not is_number_text(v)] or list(value_counts(stats))
             kind = T.FLOAT_TYPE_STRING_NOT_FLOAT if expected == schema_pb2.FLOAT else T.INT_TYPE_NOT_INT_STRING
             out.add(name, kind, "Text in a numeric column",
                     f"'{name}' should hold {_TYPE_NAMES[expected]} numbers but holds text, e.g. {_quote(bad, limit)}.")
@@ -147,7 +182,8 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
                 out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
                         f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
                         f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
-        elif expected == schema_pb2.BYTES and config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
+        elif guess_numeric_text and expected == schema_pb2.BYTES and \
+                config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
             bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
             out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
                     f"'{name}' is a numeric column ({numbers:.0%} of values are numbers) "
@@ -190,14 +226,79 @@ def _check_skew(out: _Collector, feature, stats, baseline, baseline_name: str, c
                     f"> {threshold:g} (mean {baseline.num_stats.mean:.4g} -> {stats.num_stats.mean:.4g}).")
 
 
+M = anomalies_pb2.DriftSkewInfo.Measurement
+DRIFT_KINDS = ("COMPARATOR_L_INFTY_HIGH", "COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH")
+
+
+def _share(counts: dict[str, float], value: str) -> float:
+    total = sum(counts.values())
+    return counts.get(value, 0.0) / total if total else 0.0
+
+
+def _drift_of(feature, stats, baseline, config: ValidationConfig):
+    """(measurement type, value, threshold, words) of one feature against the baseline, or None
+    when the two are not comparable (their types differ: that is a schema anomaly)."""
+    comparator = feature.drift_comparator
+    if stats.type == FNS.STRING and baseline.type == FNS.STRING:
+        threshold = comparator.infinity_norm.threshold if comparator.HasField("infinity_norm") else config.max_linf_drift
+        gap, value = linf_distance(baseline, stats)
+        shares = f"{_share(value_counts(baseline), value):.1%} -> {_share(value_counts(stats), value):.1%}"
+        return M.L_INFTY, gap, threshold, f"L-infinity distance {gap:.3f} > {threshold:g} (largest change: {value!r}, {shares} of values)"
+    if stats.type in (FNS.INT, FNS.FLOAT) and baseline.type in (FNS.INT, FNS.FLOAT):
+        has = comparator.HasField("jensen_shannon_divergence")
+        threshold = comparator.jensen_shannon_divergence.threshold if has else config.max_js_drift
+        divergence = js_divergence(baseline, stats)
+        a, b = baseline.num_stats, stats.num_stats
+        return (M.JENSEN_SHANNON_DIVERGENCE, divergence, threshold,
+                f"Jensen-Shannon divergence {divergence:.3f} > {threshold:g} (mean {a.mean:.4g} -> {b.mean:.4g}; "
+                f"range {a.min:.4g}..{a.max:.4g} -> {b.min:.4g}..{b.max:.4g})")
+    return None
+
+
+def check_drift(
+    split: str,
+    stats: statistics_pb2.DatasetFeatureStatistics,
+    baseline: statistics_pb2.DatasetFeatureStatistics,
+    schema: schema_pb2.Schema,
+    config: ValidationConfig,
+    anomalies: anomalies_pb2.Anomalies,
+) -> list[Problem]:
+    """Drift of a split against the baseline's split of the same name, added to `anomalies` as
+    TFDV records it: a `drift_skew_info` measurement for every compared feature, and a
+    COMPARATOR_* anomaly where the value is above the threshold."""
+    out = _Collector(split, anomalies)
+    by_name = {f.name: f for f in stats.features}
+    base_by_name = {f.name: f for f in baseline.features}
+    for feature in schema.feature:
+        current, previous = by_name.get(feature.name), base_by_name.get(feature.name)
+        if current is None or previous is None or not common_stats(current).num_non_missing:
+            continue  # a dropped column is the schema check's to report
+        measured = _drift_of(feature, current, previous, config)
+        if measured is None:
+            continue
+        kind, value, threshold, words = measured
+        info = anomalies.drift_skew_info.add()
+        info.path.step.append(feature.name)
+        info.drift_measurements.add(type=kind, value=value, threshold=threshold)
+        if value > threshold:
+            anomaly = T.COMPARATOR_L_INFTY_HIGH if kind == M.L_INFTY else T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH
+            name = "L-infinity distance" if kind == M.L_INFTY else "approximate Jensen-Shannon divergence"
+            out.add(feature.name, anomaly, f"High {name} between current and previous",
+                    f"'{feature.name}' drifted from the baseline's '{split}' split: {words}.")
+    return out.problems
+
+
 def validate_split(
     split: str,
     stats: statistics_pb2.DatasetFeatureStatistics,
     schema: schema_pb2.Schema,
     config: ValidationConfig,
     baseline: statistics_pb2.DatasetFeatureStatistics | None = None,
+    guess_numeric_text: bool = True,
 ) -> tuple[anomalies_pb2.Anomalies, list[Problem]]:
-    """One split's anomalies against the schema, and its skew against `baseline` (the train split)."""
+    """One split's anomalies against the schema, and its skew against `baseline` (the train split).
+    `guess_numeric_text`: report a text column of mostly numbers (validation.numeric_text_fraction)
+    as a broken numeric one; off when the schema's BYTES type was decided by a previous run."""
     out = _Collector(split)
     out.anomalies.baseline.CopyFrom(schema)
     by_name = {f.name: f for f in stats.features}
@@ -213,7 +314,7 @@ def validate_split(
                 out.add(feature.name, T.SCHEMA_MISSING_COLUMN, "Column dropped",
                         f"'{feature.name}' is in the schema but not in the data of split '{split}'.")
             continue
-        _check_feature(out, schema, feature, feature_stats, stats.num_examples, config)
+        _check_feature(out, schema, feature, feature_stats, stats.num_examples, config, guess_numeric_text)
         if feature.name in base_by_name and feature.name not in out.anomalies.anomaly_info:
             _check_skew(out, feature, feature_stats, base_by_name[feature.name], baseline.name, config)
     known = {f.name for f in schema.feature}
@@ -225,6 +326,12 @@ def validate_split(
             out.add(feature_stats.name, T.SCHEMA_NEW_COLUMN, "New column",
                     f"'{feature_stats.name}' is in the data of split '{split}' but not in the schema{extra}.")
     return out.anomalies, out.problems
+
+
+def add_problem(anomalies: anomalies_pb2.Anomalies, problem: Problem, short: str) -> None:
+    """Adds a problem found by another check (e.g. against another schema) to `anomalies`."""
+    if problem.feature != "(dataset)":
+        _Collector(problem.split, anomalies).add(problem.feature, T.Type.Value(problem.kind), short, problem.description)
 
 
 def has_anomalies(anomalies: anomalies_pb2.Anomalies) -> bool:

@@ -26,5 +26,14 @@ class ValidationConfig(BaseModel):
     # divergence (base 2) of numeric histograms above these thresholds are anomalies.
     max_linf_distance: float = Field(0.25, ge=0.0, le=1.0)
     max_js_divergence: float = Field(0.25, ge=0.0, le=1.0)
+    # Drift between runs: each split against the same split of the baseline (the last run whose
+    # model was pushed, or accepted data). L-infinity distance of category frequencies and
+    # Jensen-Shannon divergence of numeric histograms above these are anomalies, unless the
+    # schema's `drift_comparator` sets a feature's own threshold. Distinct from the skew keys.
+    max_linf_drift: float = Field(0.25, ge=0.0, le=1.0)
+    max_js_drift: float = Field(0.25, ge=0.0, le=1.0)
+    # Accept, for this run, the changes found against the baseline (schema changes, drift):
+    # the run trains on the new data; problems within the run still stop it.
+    accept_changes: bool = False
     # Example values quoted per problem in reports.
     example_values: int = Field(5, ge=1)

@@ -1,11 +1,13 @@
 """A human view of statistics and anomalies: one HTML page plus a PNG histogram per feature
-(splits side by side), written from the protos alone."""
+(splits overlaid, and the baseline's splits when there is one, with the drift figures and the
+schema changes), written from the protos alone."""
 from __future__ import annotations
 
 import html
 import io
 import os
 import re
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -27,16 +29,24 @@ def _safe(name: str) -> str:
 def _plot(feature: str, per_split: dict[str, FNS], path: str) -> None:
     fig, ax = plt.subplots(figsize=(5, 3))
     numeric = all(f.type in (FNS.INT, FNS.FLOAT) for f in per_split.values())
-    for split, stats in per_split.items():
+    # Categories: the 15 most frequent over all series, one bar per series side by side.
+    shares = {split: {b.label: b.sample_count for b in stats.string_stats.rank_histogram.buckets}
+              for split, stats in per_split.items()}
+    totals = {split: sum(counts.values()) or 1.0 for split, counts in shares.items()}
+    labels = sorted({v for c in shares.values() for v in c},
+                    key=lambda v: -sum(c.get(v, 0.0) / totals[s] for s, c in shares.items()))[:15]
+    for k, (split, stats) in enumerate(per_split.items()):
         if numeric:
             buckets = [b for h in stats.num_stats.histograms if h.type == statistics_pb2.Histogram.STANDARD for b in h.buckets]
             total = sum(b.sample_count for b in buckets) or 1.0
             ax.stairs([b.sample_count / total for b in buckets],
                       [buckets[0].low_value] + [b.high_value for b in buckets] if buckets else [0.0], label=split)
         else:
-            buckets = list(stats.string_stats.rank_histogram.buckets)[:15]
-            total = sum(b.sample_count for b in stats.string_stats.rank_histogram.buckets) or 1.0
-            ax.barh([f"{b.label[:20]}" for b in buckets], [b.sample_count / total for b in buckets], alpha=0.5, label=split)
+            height = 0.8 / len(per_split)
+            ax.barh([i - 0.4 + height * (k + 0.5) for i in range(len(labels))],
+                    [shares[split].get(v, 0.0) / totals[split] for v in labels], height=height, label=split)
+    if not numeric:
+        ax.set_yticks(range(len(labels)), [v[:20] for v in labels])
     ax.set_title(feature)
     ax.set_xlabel("fraction" if not numeric else feature)
     ax.legend(fontsize=7)
@@ -59,30 +69,66 @@ def _summary(stats: FNS, num_examples: int) -> str:
     return f"missing {missing:.1%}; {s.unique} distinct; top: {top}"
 
 
+@dataclass
+class BaselineView:
+    """The baseline a run was checked against, for the report."""
+    description: str
+    stats_by_split: dict[str, statistics_pb2.DatasetFeatureStatistics]
+    drift: dict[tuple[str, str], tuple[str, float, float]]  # (split, feature) -> (measure, value, threshold)
+    schema_changes: list[str]
+
+
+def _drift_cell(name: str, baseline: BaselineView | None) -> str:
+    if baseline is None:
+        return ""
+    cells = []
+    for (split, feature), (measure, value, threshold) in sorted(baseline.drift.items()):
+        if feature == name:
+            mark = "&gt;" if value > threshold else "&le;"
+            cells.append(f"<b>{html.escape(split)}</b>: {measure} {value:.3f} {mark} {threshold:g}")
+    return "<br>".join(cells) or "not compared"
+
+
 def write_report(
     out_dir: str,
     stats_by_split: dict[str, statistics_pb2.DatasetFeatureStatistics],
     schema: schema_pb2.Schema | None,
     problems: list[Problem],
+    baseline: BaselineView | None = None,
 ) -> str:
-    """Writes `<out_dir>/index.html` and `<out_dir>/<feature>.png`; returns the page's path."""
-    tf.io.gfile.makedirs(out_dir)
-    features = sorted({f.name for s in stats_by_split.values() for f in s.features})
+    """Writes `<out_dir>/index.html` and `<out_dir>/<feature>.png`; returns the page's path. With
+    a baseline, its splits are drawn over the run's, with the drift figures and schema changes."""
+    tf.io.gfile.makedirs(out_dir)  # the report folder may be on gs://...
+    base_stats = baseline.stats_by_split if baseline is not None else {}
+    features = sorted({f.name for s in [*stats_by_split.values(), *base_stats.values()] for f in s.features})
     types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature} if schema is not None else {}
+    def drift_td(name: str) -> str:
+        return f"<td>{_drift_cell(name, baseline)}</td>" if baseline is not None else ""
+
     rows = []
     for name in features:
-        per_split = {split: f for split, s in stats_by_split.items() for f in s.features if f.name == name}
+        runs = {split: s for split, s in stats_by_split.items()}
+        runs.update({f"baseline {split}": s for split, s in base_stats.items()})
+        per_split = {split: f for split, s in runs.items() for f in s.features if f.name == name}
         image = f"{_safe(name)}.png"
         _plot(name, per_split, os.path.join(out_dir, image))
         details = "<br>".join(
-            f"<b>{html.escape(split)}</b>: {html.escape(_summary(f, stats_by_split[split].num_examples))}"
+            f"<b>{html.escape(split)}</b>: {html.escape(_summary(f, runs[split].num_examples))}"
             for split, f in per_split.items()
         )
         found = [p for p in problems if p.feature == name]
         flags = "<br>".join(f"<b>[{html.escape(p.split)}]</b> {html.escape(p.description)}" for p in found) or "ok"
         css = ' class="bad"' if found else ""
         rows.append(f"<tr{css}><td>{html.escape(name)}</td><td>{types.get(name, '(not in schema)')}</td>"
-                    f"<td>{details}</td><td>{flags}</td><td><img src=\"{image}\" alt=\"{html.escape(name)}\"></td></tr>")
+                    f"<td>{details}</td><td>{flags}</td>{drift_td(name)}<td><img src=\"{image}\" alt=\"{html.escape(name)}\"></td></tr>")
+    header_drift = "<th>drift against the baseline</th>" if baseline is not None else ""
+    changes = ""
+    if baseline is not None:
+        listed = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in baseline.schema_changes)
+        changes = (f"<p>{html.escape(baseline.description)}.</p><h2>Schema changes against the baseline</h2>"
+                   + (f"<ul>{listed}</ul>" if listed else "<p>none</p>"))
+    else:
+        changes = "<p>No baseline: nothing to compare with (the first run on this root).</p>"
     dataset_problems = "".join(f"<li>[{html.escape(p.split)}] {html.escape(p.description)}</li>"
                                for p in problems if p.feature not in features)
     counts = ", ".join(f"{split}: {s.num_examples} examples" for split, s in stats_by_split.items())
@@ -95,7 +141,8 @@ td,th{{border:1px solid #ccc;padding:4px;vertical-align:top;font-size:13px}} tr.
 <h1>Data report</h1>
 <p>{html.escape(counts)}. <b>{verdict}</b>.</p>
 {f"<ul>{dataset_problems}</ul>" if dataset_problems else ""}
-<table><tr><th>feature</th><th>schema type</th><th>statistics</th><th>anomalies</th><th>distribution</th></tr>
+{changes}
+<table><tr><th>feature</th><th>schema type</th><th>statistics</th><th>anomalies</th>{header_drift}<th>distribution</th></tr>
 {"".join(rows)}
 </table></body></html>
 """

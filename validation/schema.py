@@ -104,3 +104,45 @@ def string_domain(schema: schema_pb2.Schema, feature: schema_pb2.Feature) -> lis
                 return list(domain.value)
         raise ValueError(f"schema: feature '{feature.name}' names domain '{feature.domain}', which is not defined")
     return None
+
+
+def _describe_feature(schema: schema_pb2.Schema, feature: schema_pb2.Feature) -> dict[str, str]:
+    """The parts of a feature a reader compares between two schemas, in words."""
+    parts = {"type": schema_pb2.FeatureType.Name(feature.type)}
+    if feature.HasField("presence"):
+        parts["presence"] = f"min_fraction {feature.presence.min_fraction:g}"
+    domain = string_domain(schema, feature)
+    if domain is not None:
+        parts["domain"] = ", ".join(repr(v) for v in sorted(domain))
+    for kind in ("int_domain", "float_domain"):
+        bounds = getattr(feature, kind)
+        if feature.HasField(kind) and (bounds.HasField("min") or bounds.HasField("max")):
+            low = f"{bounds.min:g}" if bounds.HasField("min") else "-inf"
+            high = f"{bounds.max:g}" if bounds.HasField("max") else "inf"
+            parts["range"] = f"[{low}, {high}]"
+    return parts
+
+
+def schema_changes(old: schema_pb2.Schema, new: schema_pb2.Schema) -> list[str]:
+    """What changed from `old` to `new`, one line per feature: removed, added, or a part changed."""
+    before = {f.name: _describe_feature(old, f) for f in old.feature}
+    after = {f.name: _describe_feature(new, f) for f in new.feature}
+    lines = [f"- {name} ({before[name]['type']}): no longer in the data" for name in sorted(set(before) - set(after))]
+    lines += [f"+ {name} ({after[name]['type']}): new" for name in sorted(set(after) - set(before))]
+    for name in sorted(set(before) & set(after)):
+        for part in sorted(set(before[name]) | set(after[name])):
+            was, now = before[name].get(part, "(none)"), after[name].get(part, "(none)")
+            if was != now:
+                lines.append(f"~ {name}: {part} {was} -> {now}")
+    return lines
+
+
+def schema_text_diff(old: schema_pb2.Schema, new: schema_pb2.Schema, old_name: str, new_name: str) -> str:
+    """A unified diff of the two schemas in text format (to apply to a curated file by hand)."""
+    import difflib
+
+    return "".join(difflib.unified_diff(
+        text_format.MessageToString(old).splitlines(keepends=True),
+        text_format.MessageToString(new).splitlines(keepends=True),
+        fromfile=old_name, tofile=new_name,
+    ))

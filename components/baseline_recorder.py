@@ -1,0 +1,37 @@
+"""BaselineRecorder: after the Pusher, makes a pushed run's schema and statistics the baseline
+the next runs' data is checked against (validation.baseline). A run that pushed nothing leaves
+the baseline as it was."""
+
+import logging
+
+from tfx.dsl.component.experimental.annotations import InputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import artifact_utils
+from tfx.types.standard_artifacts import ExampleStatistics, PushedModel, Schema
+
+
+@component
+def BaselineRecorder(
+    statistics: InputArtifact[ExampleStatistics],
+    schema: InputArtifact[Schema],
+    pushed_model: InputArtifact[PushedModel],
+    baseline_dir: Parameter[str],
+) -> None:
+    from validation.baseline import read_baseline, write_baseline
+    from validation.schema import load_schema
+    from validation.statistics import read_statistics
+
+    log = logging.getLogger("loopline")
+    if not pushed_model.has_custom_property("pushed") or pushed_model.get_int_custom_property("pushed") != 1:
+        log.info("baseline unchanged: this run pushed no model")
+        return
+    splits = artifact_utils.decode_split_names(statistics.split_names)
+    stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
+    version = pushed_model.get_string_custom_property("pushed_version")
+    previous = read_baseline(baseline_dir)  # raises if present but unreadable
+    source = {"pushed_version": version, "pushed_model": pushed_model.uri, "statistics": statistics.uri,
+              "schema": schema.uri}
+    # The acceptance behind the baseline this run passed carries on (validation.baseline.cache_key).
+    location = write_baseline(baseline_dir, load_schema(schema.uri), stats, source,
+                              acceptance=previous.acceptance if previous is not None else "")
+    log.info("baseline for the next runs: %s (pushed version %s)", location, version)

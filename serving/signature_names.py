@@ -1,0 +1,46 @@
+"""The export contract, in one place: signature names, method names, tensor names and the files
+beside the SavedModel. The exporter, the server, the Evaluator and the MLflow model read it (as TF
+Serving's exporter and server both read `signature_constants`). No imports: anyone may import it.
+
+TF Serving's names (tensorflow/python/saved_model/signature_constants.py):
+- Classify needs one input `inputs` (serialized tf.Examples) and outputs `classes` (DT_STRING,
+  [batch, classes]) and/or `scores` (DT_FLOAT, [batch, classes]); method `tensorflow/serving/classify`.
+- Regress needs one input `inputs` and one output `outputs` ([batch] or [batch, 1]); method
+  `tensorflow/serving/regress`.
+"""
+
+DEFAULT = "serving_default"
+PREDICT = "predict"  # tf.Example in, every head's outputs as `<head>_classes`/`<head>_scores`/`<head>_outputs`
+PREDICT_RAW = "predict_raw"  # one [batch, 1] tensor per feature; JSON clients, TFLite, MLflow
+
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+PREDICT_METHOD = "tensorflow/serving/predict"
+
+INPUTS = "inputs"
+CLASSES = "classes"
+SCORES = "scores"
+OUTPUTS = "outputs"
+
+ASSETS_EXTRA = "assets.extra"
+SIGNATURE_FILE = "loopline_signature.json"  # feature kinds and heads, for readers without TensorFlow
+WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name (saved_model_warmup_util.h)
+WARMUP_MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
+
+# Layout of the signatures, recorded in SIGNATURE_FILE. Exports without it (layout 1) have
+# `serving_default` with every head's outputs (`classes`/`scores` or `outputs` for the first head,
+# `<head>_classes`/`<head>_scores` or `<head>` for the others) and `predict_raw`.
+LAYOUT = 2
+
+
+def classify(head: str) -> str:
+    return f"classify_{head}"
+
+
+def regress(head: str) -> str:
+    return f"regress_{head}"
+
+
+def head_output(head: str, output: str) -> str:
+    """A head's output in the `predict` signature: `<head>_classes`, `<head>_scores`, `<head>_outputs`."""
+    return f"{head}_{output}"
