@@ -16,11 +16,13 @@ from apache_beam.io.filesystem import (BeamIOError, CompressedFile, CompressionT
 SCHEME = "ram"
 
 
-class _ExactRamListing:
-    """TensorFlow's RamFileSystem lists a folder by string prefix, so `model/assets` also lists
-    `model/assets.extra` as a child named `.extra` (which then fails to stat or copy); object
-    stores list by `/`-delimited prefix and do not. This keeps, for `ram://` folders only, the
-    children that exist, and passes everything else to TensorFlow's file_io bindings."""
+class _RamAsObjectStore:
+    """Two quirks of TensorFlow's RamFileSystem that local disks and object stores do not have,
+    fixed for `ram://` paths only (everything else goes to TensorFlow's file_io bindings as is):
+    - it lists a folder by string prefix, so `model/assets` also lists `model/assets.extra` as a
+      child named `.extra` (which then fails to stat or copy): only children that exist are kept;
+    - opening an existing file for writing appends instead of replacing it (`w` then `w` leaves
+      both contents): the old file is deleted first, as a new object replaces an old one."""
 
     def __init__(self, bindings):
         self._bindings = bindings
@@ -35,6 +37,11 @@ class _ExactRamListing:
         parent = path.decode().rstrip("/")
         return [c for c in children if self._exists(f"{parent}/{c}")]
 
+    def WritableFile(self, path: bytes, mode: bytes):  # noqa: N802 (the binding's name)
+        if path.startswith(f"{SCHEME}://".encode()) and b"a" not in mode and self._exists(path.decode()):
+            self._bindings.DeleteFile(path)
+        return self._bindings.WritableFile(path, mode)
+
     def _exists(self, path: str) -> bool:
         try:
             self._bindings.FileExists(path.encode())
@@ -46,8 +53,8 @@ class _ExactRamListing:
 def _fix_ram_listing() -> None:
     from tensorflow.python.lib.io import file_io
 
-    if not isinstance(file_io._pywrap_file_io, _ExactRamListing):
-        file_io._pywrap_file_io = _ExactRamListing(file_io._pywrap_file_io)
+    if not isinstance(file_io._pywrap_file_io, _RamAsObjectStore):
+        file_io._pywrap_file_io = _RamAsObjectStore(file_io._pywrap_file_io)
 
 
 _fix_ram_listing()
