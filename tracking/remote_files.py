@@ -9,9 +9,7 @@ from typing import Iterator
 
 import tensorflow as tf
 
-
-def is_remote(path: str) -> bool:
-    return "://" in path
+from serving.model_config import is_remote
 
 
 def copy_tree(source: str, destination: str) -> None:
