@@ -192,7 +192,7 @@ def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
     from trainer.model import load_module
 
     train(TrainerConfig(epochs=1, max_steps=2, debug=True, module_file=str(module)), *regression, "target")
-    assert load_module(str(module)).SEEN == [True, True]
+    assert load_module(str(module)).SEEN == [True, True, True]  # two steps, then the evaluation's weighted_loss
     assert not tf.executing_eagerly() or not tf.config.functions_run_eagerly()
 
 

@@ -48,14 +48,26 @@ def points_splits(folder, rows: int = 1024, center=(3.0, -2.0)) -> tuple[str, st
 
 
 def read_events(folder) -> dict[str, list[float]]:
-    """Tag -> scalar values (or histogram counts summed) from TF event files under `folder`."""
-    from tensorflow.core.util import event_pb2
+    """Tag -> scalar values (or histogram counts summed), read with TensorBoard's own event
+    reader (the one its scalars and histograms plugins use)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
 
+    accumulator = plugin_event_accumulator.EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    accumulator.Reload()
     tags: dict[str, list] = {}
-    for path in tf.io.gfile.glob(f"{folder}/events.out.tfevents.*"):
-        for record in tf.data.TFRecordDataset(path):
-            event = event_pb2.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                array = tf.make_ndarray(value.tensor)
-                tags.setdefault(value.tag, []).append(float(array) if array.ndim == 0 else float(array[:, 2].sum()))
+    for tag in accumulator.Tags()["tensors"]:
+        for event in accumulator.Tensors(tag):
+            array = tf.make_ndarray(event.tensor_proto)
+            tags.setdefault(tag, []).append(float(array) if array.ndim == 0 else float(array[:, 2].sum()))
     return tags
+
+
+def plugin_tags(folder) -> dict[str, list[str]]:
+    """TensorBoard plugin name -> tags it would show, for the event files under `folder`."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    accumulator = plugin_event_accumulator.EventAccumulator(str(folder))
+    accumulator.Reload()
+    plugins = set(accumulator.ActivePlugins())
+    return {plugin: sorted(accumulator.PluginTagToContent(plugin)) if plugin in plugins else []
+            for plugin in ("scalars", "histograms")}

@@ -3,6 +3,7 @@ how it is evaluated."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import keras
@@ -65,6 +66,17 @@ class Head:
             loss = tf.square((tf.reshape(prediction, [-1]) - safe) / self.std)
         maskf = tf.cast(mask, tf.float32)
         return loss * maskf, maskf
+
+
+HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1"})
+
+
+def higher_is_better(metric: str) -> bool:
+    """The one direction rule for metric names (the ones made here, `<head>_accuracy`, and users'):
+    higher is better when a word of the name (split at `_ / - .`) is accuracy, auc, precision,
+    recall or f1; lower otherwise (loss, rmse, mae, weighted_loss...). Early stopping, the
+    Evaluator's champion comparison and the blessing gate all read it."""
+    return any(word in HIGHER_IS_BETTER_WORDS for word in re.split(r"[_/\-.]", metric.lower()))
 
 
 class HeadTotals:
