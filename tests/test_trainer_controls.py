@@ -64,9 +64,9 @@ def spy_on_applied_gradients(monkeypatch) -> tf.Variable:
         target = optimization.inner(optimizer)
         apply = target.apply
 
-        def spying_apply(gradients, variables=None):
+        def spying_apply(gradients, trainable_variables=None):
             largest.assign(tf.maximum(largest, tf.linalg.global_norm(list(gradients))))
-            return apply(gradients, variables)
+            return apply(gradients, trainable_variables)
 
         target.apply = spying_apply
         return optimizer
@@ -256,3 +256,21 @@ def test_evaluation_traces_once(regression, tmp_path):
     load_module(module).TRACES.clear()
     train(TrainerConfig(module_file=module, epochs=2, eval_every_steps=4), *regression, "target")  # 8 evaluations
     assert load_module(module).TRACES == [1]
+
+
+LOSS_DEPENDENT_ZERO = '''
+
+def loss_weights(step, losses):
+    return {"target": 0.0 * losses["target"]}  # a weight computed from this batch's losses
+'''
+
+
+def test_loss_weights_get_the_batch_losses(regression, tmp_path):
+    """A (step, losses) hook weighting the only head by 0: only the probe's own penalty trains."""
+    module = write_module(tmp_path, LOSS_DEPENDENT_ZERO)
+    train(TrainerConfig(module_file=module, epochs=1, max_steps=3), *regression, "target")
+    model, initial = trained_and_initial(module)
+    for variable, start in zip(model.weights, initial):
+        if variable.path.startswith(("hidden_", "target")):
+            np.testing.assert_array_equal(variable.numpy(), start, err_msg=variable.path)
+    assert model.get_layer("probe").probe.numpy() < 0

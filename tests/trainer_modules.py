@@ -63,7 +63,7 @@ class Recorder:
         if "loss" in train:
             self.train[step] = train
             if self.module_path:
-                model = built(self.module_path)[0][0]
+                model = built(self.module_path)[-2][0]  # this run's trained model (the export copy is last)
                 self.probe[step] = float(model.get_layer("probe").probe.numpy())
 
     def close(self):

@@ -22,8 +22,9 @@ def build_models(ctx):
 
 
 def build_optimizers(ctx, learning_rate):
-    return {"generator": keras.optimizers.Adam(learning_rate, beta_1=0.5),
-            "discriminator": keras.optimizers.Adam(learning_rate, beta_1=0.5)}
+    # ctx.learning_rates: each optimizer's schedule, trainer.optimizers.<name> over the trainer's
+    # learning-rate keys (e.g. trainer.optimizers.discriminator.learning_rate: 0.004).
+    return {name: keras.optimizers.Adam(ctx.learning_rates[name], beta_1=0.5) for name in ("generator", "discriminator")}
 
 
 def _bce(logits, label):
