@@ -71,3 +71,16 @@ def plugin_tags(folder) -> dict[str, list[str]]:
     plugins = set(accumulator.ActivePlugins())
     return {plugin: sorted(accumulator.PluginTagToContent(plugin)) if plugin in plugins else []
             for plugin in ("scalars", "histograms")}
+
+
+def binary_splits(folder, rows: int = 1024, seed: int = 2) -> tuple[str, str]:
+    """label "pos"/"neg" from a noisy linear score of 4 numeric features (AUC well below 1)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for split, n in (("train", rows), ("eval", rows // 2)):
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        score = x @ np.array([1.0, -1.0, 0.5, 0.0], np.float32) + 1.2 * rng.normal(size=n)
+        columns = {f"x{i}": x[:, i] for i in range(4)} | {"label": np.where(score > 0, "pos", "neg")}
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", columns))
+    return paths[0], paths[1]
