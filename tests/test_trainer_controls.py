@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO
-from tests.trainer_data import regression_splits
+from tests.trainer_data import read_events, regression_splits
 from trainer.csv_examples import csv_to_tfrecords
 from tests.trainer_modules import Recorder, built, write_module
 from trainer import optimization
@@ -274,3 +274,82 @@ def test_loss_weights_get_the_batch_losses(regression, tmp_path):
         if variable.path.startswith(("hidden_", "target")):
             np.testing.assert_array_equal(variable.numpy(), start, err_msg=variable.path)
     assert model.get_layer("probe").probe.numpy() < 0
+
+
+OVERRIDE = '''
+
+from trainer.loop import head_losses
+
+
+def build_optimizers(ctx, learning_rate):
+    return {"model": keras.optimizers.Adam(learning_rate)}
+
+
+def loss_of(model, heads, targets, outputs, global_batch_size):
+    losses = head_losses(heads, targets, outputs, global_batch_size)
+    return tf.add_n(list(losses.values()) + [tf.cast(extra, tf.float32) for extra in model.losses])
+
+
+def train_step(ctx, features, targets):
+    model = ctx.models["model"]
+
+    def loss_fn(features, targets):
+        loss = loss_of(model, ctx.heads, targets, model(features, training=True), ctx.global_batch_size)
+        return loss * tf.where(tf.equal(ctx.step, NAN_AT or -1), float("nan"), 1.0)
+
+    return {"loss": ctx.minimize("model", loss_fn)}
+'''
+
+
+@pytest.mark.parametrize("controls", [
+    {"grad_accum_steps": 2, "clip_norm": 0.5, "lr_multipliers": {"hidden_0": 0.5}, "ema_decay": 0.9},
+    {"precision": "mixed_float16", "clip_norm": 0.5},
+], ids=["accumulate_clip_multiply_ema", "float16_clip"])
+def test_train_step_override_keeps_the_controls(regression, tmp_path, controls):
+    """The same controls through the StepContext helpers train exactly as the loop's own step."""
+    module = write_module(tmp_path, "NAN_AT = None\n" + OVERRIDE)
+    config = TrainerConfig(epochs=1, max_steps=6, seed=8, deterministic=True, learning_rate=0.02, jit_compile=False,
+                           steps_per_loop=3, histogram_every_steps=3, **controls)
+    own = train(config.model_copy(update={"module_file": write_module(tmp_path, name="plain.py")}), *regression,
+                "target")
+    override = train(config.model_copy(update={"module_file": module}), *regression, "target",
+                     work_dir=str(tmp_path / "w"))
+    for a, b in zip(weights(own), weights(override), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    tags = read_events(tmp_path / "w" / "tensorboard" / "train")
+    assert "grad_norm/model" in tags and "weights/hidden_0/kernel" in tags
+
+
+def test_train_step_override_nan_guard_stops_at_the_first_bad_step(regression, tmp_path):
+    module = write_module(tmp_path, "NAN_AT = 5\n" + OVERRIDE)
+    config = TrainerConfig(module_file=module, epochs=1, batch_size=8, seed=6, deterministic=True, steps_per_loop=32)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step 5\b"):
+        train(config, *regression, "target")
+    halted = [w.numpy() for w in built(module)[-2][0].weights]
+    train(config.model_copy(update={"max_steps": 4}), *regression, "target")
+    for a, b in zip(halted, [w.numpy() for w in built(module)[-2][0].weights], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+DIRECT_APPLY = '''
+
+def build_optimizers(ctx, learning_rate):
+    return {"model": keras.optimizers.Adam(learning_rate)}
+
+
+def train_step(ctx, features, targets):
+    model = ctx.models["model"]
+    with tf.GradientTape() as tape:
+        loss = tf.add_n([tf.cast(extra, tf.float32) for extra in model(features, training=True) and model.losses])
+    ctx.optimizers["model"].apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return {"loss": loss}
+'''
+
+
+def test_train_step_override_that_bypasses_the_helpers_refuses_their_keys(regression, tmp_path):
+    module = write_module(tmp_path, DIRECT_APPLY)
+    config = TrainerConfig(module_file=module, epochs=1, max_steps=2, clip_norm=1.0)
+    with pytest.raises(ValueError, match=r"updates \['model'\] without ctx.apply or ctx.minimize, so trainer.clip_norm "
+                                         r"cannot apply"):
+        train(config, *regression, "target")
+    train(config.model_copy(update={"clip_norm": None}), *regression, "target")  # nothing to lose: it runs

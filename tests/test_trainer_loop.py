@@ -192,7 +192,8 @@ def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
     from trainer.model import load_module
 
     train(TrainerConfig(epochs=1, max_steps=2, debug=True, module_file=str(module)), *regression, "target")
-    assert load_module(str(module)).SEEN == [True, True, True]  # two steps, then the evaluation's weighted_loss
+    # Two steps, then the evaluation's weighted_loss and the final weights recorded for export.
+    assert load_module(str(module)).SEEN == [True, True, True, True]
     assert not tf.executing_eagerly() or not tf.config.functions_run_eagerly()
 
 
@@ -236,6 +237,8 @@ def test_uncertainty_weighting_learns_the_head_weights(penguins):
     assert (weights[0] > weights[1]) == (losses[0] < losses[1])
     assert result.metrics["weighted_loss"] == pytest.approx(float(weights @ losses), rel=1e-5)
     assert result.metrics["loss"] == pytest.approx(float(losses.sum()), rel=1e-5)  # eval loss: unweighted
+    # The export records the final weights, so the Evaluator's metrics (HeadTotals) give the same weighted_loss.
+    assert [h.weight for h in result.heads] == pytest.approx(list(weights), rel=1e-5)
     assert result.metrics["species_accuracy"] > 0.8
 
 
@@ -261,6 +264,6 @@ def test_per_optimizer_settings_reach_the_modules_optimizers(tmp_path):
 
 def test_train_step_override_refuses_keys_it_cannot_apply(tmp_path):
     splits = points_splits(tmp_path / "data", rows=128)
-    config = TrainerConfig(module_file=str(REPO / "examples/gan/model.py"), epochs=1, clip_norm=1.0, ema_decay=0.9)
-    with pytest.raises(ValueError, match=r"cannot apply to it: trainer.clip_norm, trainer.ema_decay;"):
+    config = TrainerConfig(module_file=str(REPO / "examples/gan/model.py"), epochs=1, unroll_steps=4)
+    with pytest.raises(ValueError, match=r"the module's train_step cannot be unrolled, so trainer.unroll_steps=4"):
         train(config, *splits, "unused")

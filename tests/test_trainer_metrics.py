@@ -106,3 +106,20 @@ def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
         train(TrainerConfig(epochs=1), *splits, "target")
     assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
     assert tf.config.functions_run_eagerly() is False
+
+
+def test_weighted_loss_from_the_heads_weights_and_loss_unweighted():
+    from trainer.heads import CLASSIFICATION, REGRESSION, Head, HeadTotals
+
+    heads = [Head("a", CLASSIFICATION, vocabulary=["x", "y"]), Head("b", REGRESSION, std=2.0)]
+    targets = {"a": tf.constant([0, 1]), "b": tf.constant([1.0, 3.0])}
+    outputs = {"a": tf.constant([[0.9, 0.1], [0.2, 0.8]]), "b": tf.constant([[1.0], [1.0]])}
+    plain = HeadTotals(heads)
+    plain.add(targets, outputs)
+    assert "weighted_loss" not in plain.metrics()
+    heads[1].weight = 0.25
+    weighted = HeadTotals(heads)
+    weighted.add(targets, outputs)
+    m = weighted.metrics()
+    assert m["loss"] == pytest.approx(m["a_loss"] + m["b_loss"]) and m["b_loss"] == pytest.approx(0.5)
+    assert m["weighted_loss"] == pytest.approx(m["a_loss"] + 0.25 * m["b_loss"])

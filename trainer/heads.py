@@ -82,8 +82,9 @@ def higher_is_better(metric: str) -> bool:
 class HeadTotals:
     """Each head's evaluation metrics summed over batches; one definition for the trainer's
     evaluation, the Evaluator and the TFLite parity check: `<head>_loss`, `<head>_accuracy` or
-    `<head>_rmse`, `<head>_examples` and the weighted total `loss`. Rows without a label are left
-    out of that head."""
+    `<head>_rmse`, `<head>_examples`, the unweighted total `loss`, and `weighted_loss` when the
+    heads carry weights (`Head.weight`: the module's loss weights as training ended). Rows without
+    a label are left out of that head."""
 
     def __init__(self, heads: list[Head]):
         self.heads = heads
@@ -108,17 +109,20 @@ class HeadTotals:
 
     def metrics(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        total = 0.0
+        total, weighted = 0.0, 0.0
         for head in self.heads:
             examples = self._sums.get(f"{head.name}/count", 0.0)
             count = max(examples, 1.0)
             metrics[f"{head.name}_loss"] = self._sums.get(f"{head.name}/loss_sum", 0.0) / count
-            total += head.weight * metrics[f"{head.name}_loss"]
+            total += metrics[f"{head.name}_loss"]
+            weighted += head.weight * metrics[f"{head.name}_loss"]
             if head.kind == CLASSIFICATION:
                 metrics[f"{head.name}_accuracy"] = self._sums.get(f"{head.name}/correct", 0.0) / count
             else:
                 metrics[f"{head.name}_rmse"] = math.sqrt(self._sums.get(f"{head.name}/squared_error", 0.0) / count)
             metrics[f"{head.name}_examples"] = examples
         if self.heads:
-            metrics["loss"] = total
+            metrics["loss"] = total  # unweighted: comparable whatever weights a run ended with
+        if any(head.weight != 1.0 for head in self.heads):
+            metrics["weighted_loss"] = weighted  # the weights training ended with (recorded at export)
         return metrics

@@ -34,9 +34,11 @@ from trainer.model import (
     split_at_encoder,
 )
 from trainer.speed import resolve_speed
+from trainer.step_context import HELPER_KEYS, StepContext
 from trainer.split_eval import SplitEvaluation, evaluate, user_metrics
 from trainer.strategy import is_chief, make_strategy
 from trainer.summaries import MetricSink, Progress, Summaries
+from trainer.updates import apply_update
 
 log = logging.getLogger("loopline.trainer")
 
@@ -51,18 +53,6 @@ class TrainResult:
     stats: FeatureStats
     metrics: dict[str, float]  # final evaluation on the eval split
     steps: int
-
-
-@dataclass
-class StepContext:
-    """What a user's `train_step(ctx, features, targets)` override gets."""
-
-    models: dict[str, keras.Model]
-    optimizers: dict[str, keras.optimizers.Optimizer]
-    heads: list[Head]
-    step: tf.Tensor  # the optimizer step being taken
-    global_batch_size: int  # divide summed per-example losses by this (never by the replica batch)
-    rng: tf.random.Generator  # checkpointed with the run
 
 
 def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf.Tensor]:
@@ -100,22 +90,24 @@ def _reset_runtime(config: TrainerConfig) -> None:
         tf.config.run_functions_eagerly(False)
 
 
-# Keys the loop applies inside its own step; a module's train_step applies its updates itself.
-_DEFAULT_STEP_ONLY = ("grad_accum_steps", "clip_norm", "ema_decay", "lr_multipliers", "histogram_every_steps",
-                      "unroll_steps")
-
-
 def refuse_keys_an_override_cannot_use(config: TrainerConfig) -> None:
-    """A train_step override would silently lose these: a non-default value is refused, named."""
+    """At start-up: unroll_steps fuses the loop's own steps; a train_step override is not fused."""
+    if config.unroll_steps != 1:
+        raise ValueError(f"the module's train_step cannot be unrolled, so trainer.unroll_steps={config.unroll_steps} "
+                         "cannot apply to it; leave it at 1")
+
+
+def refuse_keys_the_step_bypassed(ctx: StepContext, config: TrainerConfig) -> None:
+    """When the override is traced (before any update runs): keys only the StepContext helpers
+    apply are refused if it updated an optimizer without them, naming the keys and optimizers."""
     defaults = TrainerConfig()
-    keys = [k for k in _DEFAULT_STEP_ONLY if getattr(config, k) != getattr(defaults, k)]
-    if config.precision == "mixed_float16":
-        keys.append("precision (mixed_float16 needs the loop's loss scaling)")
-    if config.nan_policy == "skip":
-        keys.append("nan_policy (skip: the override applies its own updates)")
-    if keys:
-        raise ValueError(f"the module's train_step applies its own updates, so these trainer keys cannot apply to it: "
-                         f"{', '.join(f'trainer.{k}' for k in keys)}; leave them at their defaults or drop train_step")
+    keys = [k for k in HELPER_KEYS if getattr(config, k) != getattr(defaults, k) and
+            not (k == "precision" and config.precision == "mixed_bfloat16")]
+    bypassed = sorted(set(ctx.optimizers) - {name for name, _ in ctx.applied})
+    if keys and bypassed:
+        raise ValueError(f"the module's train_step updates {bypassed} without ctx.apply or ctx.minimize, so "
+                         f"{', '.join(f'trainer.{k}' for k in keys)} cannot apply to them; use the StepContext "
+                         "helpers or leave these keys at their defaults")
 
 
 class EarlyStopping:
@@ -179,7 +171,7 @@ class _Steps:
     weights_fn: Callable | None
     jit: bool
     custom_step: Callable | None = None
-    step_context: Callable | None = None  # step -> StepContext, for custom_step
+    step_context: Callable | None = None  # (step, batches, halted) -> StepContext, for custom_step
 
 
 def _build_replica_step(s: _Steps):
@@ -208,32 +200,12 @@ def _build_replica_step(s: _Steps):
             losses = {k: losses[k] + batch_losses[k] / accum for k in losses}
             counts = {k: counts.get(k, 0.0) + v for k, v in accuracy_counts(heads, targets, outputs).items()}
 
-        if config.debug:  # name the first non-finite value (inputs may hold NaN: it means missing)
-            tf.debugging.check_numerics(loss, f"loss at step {int(step)}")
-            for variable, gradient in zip(variables, gradients):
-                tf.debugging.check_numerics(gradient, f"gradient of {variable.path} at step {int(step)}")
-        scale = tf.cast(optimizer.dynamic_scale, tf.float32) if float16 else 1.0
-        if replicas > 1:  # the global gradient, so its norm and clipping are exact
-            gradients = tf.distribute.get_replica_context().all_reduce("sum", gradients)
-        grad_norm = tf.linalg.global_norm(gradients) / scale
-        if config.clip_norm:  # on the unscaled norm: float16's scaled gradients are clipped at clip_norm * scale
-            gradients, _ = tf.clip_by_global_norm(gradients, config.clip_norm * scale, use_norm=grad_norm * scale)
-        # float16: the LossScaleOptimizer skips (and halves the scale on) overflowing gradients itself.
-        finite = tf.math.is_finite(loss) if float16 else tf.math.is_finite(loss) & tf.math.is_finite(grad_norm)
-        if replicas > 1:
-            bad = tf.distribute.get_replica_context().all_reduce("sum", 1.0 - tf.cast(finite, tf.float32))
-            finite = bad == 0.0
-            gradients = [g / replicas for g in gradients]  # Keras' apply sums across replicas again
-        learning_rate = optimization.applied_learning_rate(optimizer)  # before apply moves the schedule on
-        allowed = finite if config.nan_policy == "skip" else finite & tf.logical_not(halted)
-        optimization.apply_if(allowed, optimizer, gradients, variables)
+        update = apply_update(optimizer, variables, loss, gradients, config, step, halted)
+        finite = update.pop("finite")
 
         summed = {"loss": loss, **{f"loss/{k}": v for k, v in losses.items()}, **counts}
-        averaged = {"grad_norm": grad_norm, "learning_rate": learning_rate,
-                    "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
+        averaged = {**update, "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
                     "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
-        if float16:
-            averaged["loss_scale"] = scale
         return summed, averaged
 
     return replica_step
@@ -243,15 +215,18 @@ def _build_user_replica_step(s: _Steps):
     replicas = s.strategy.num_replicas_in_sync
 
     def user_replica_step(batches, step, halted):
-        """The module's train_step; the values it reports feed the NaN guard."""
-        del halted  # the outer loop stops calling it after a non-finite step
+        """The module's train_step; the values it reports and its ctx.apply calls feed the NaN guard."""
+        ctx = s.step_context(step, batches, halted)
         features, targets = batches[0]
-        reported = s.custom_step(s.step_context(step), features, targets)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32))) for v in reported.values()])
+        reported = s.custom_step(ctx, features, targets)
+        refuse_keys_the_step_bypassed(ctx, s.config)
+        finite = ctx.all_finite() & tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32))) for v in reported.values()])
         if replicas > 1:
             bad = tf.distribute.get_replica_context().all_reduce("sum", 1.0 - tf.cast(finite, tf.float32))
             finite = bad == 0.0
-        return reported, {"nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step)}
+        return reported, {**ctx.figures(), "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
+                          "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
 
     return user_replica_step
 
@@ -265,7 +240,7 @@ def _build_run_steps(s: _Steps, unroll: int):
     """`run_steps(iterator, first_step, num_steps)`: that many optimizer steps in one tf.function
     call (Orbit's steps_per_loop), returning their means (and the first non-finite step)."""
     config, strategy, heads = s.config, s.strategy, s.heads
-    accum = config.grad_accum_steps if s.custom_step is None else 1
+    accum = config.grad_accum_steps
     stop_on_nan = config.nan_policy == "stop"
     replica_step = _build_replica_step(s) if s.custom_step is None else None
     inner_step = replica_step or _build_user_replica_step(s)
@@ -383,7 +358,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     ctx = ModelContext(kinds, stats, heads)
 
     # How long: an epoch is one pass of full batches; a step takes grad_accum_steps batches.
-    accum = config.grad_accum_steps if custom_step is None else 1
+    accum = config.grad_accum_steps
     batches_per_epoch = max(stats.count // config.batch_size, 1)  # stats.count: rows in the train split
     steps_per_epoch = max(batches_per_epoch // accum, 1)
     total_steps = config.epochs * steps_per_epoch
@@ -399,9 +374,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
         models = build_models(module, ctx)
         if custom_step is not None:
             ctx.learning_rates = optimization.optimizer_schedules(config, list(models), total_steps)
-            optimizers = module.build_optimizers(ctx, schedule)
-            for name, opt in optimizers.items():
-                opt.build(models[name].trainable_variables if name in models else [])
+            optimizers = _module_optimizers(module, ctx, schedule, models, config)
         else:
             optimizers = {"model": optimization.make_optimizer(config, schedule, models["model"].trainable_variables)}
         rng = tf.random.Generator.from_seed(config.seed)
@@ -430,7 +403,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input)
     probe_batch = next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))
 
-    optimizer = optimizers.get("model")
+    optimizer = optimizers.get(export_name)  # its EMA weights are the ones exported
     weights_fn = loss_weights_hook(module)
     fused = replicas == 1 and not custom_step
     if config.unroll_steps > 1 and not fused:
@@ -438,7 +411,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
                     "one step per call", config.unroll_steps)
     run_steps = _build_run_steps(
         _Steps(config, strategy, model, stepped, heads, optimizer, weights_fn, jit, custom_step,
-               lambda step: StepContext(models, optimizers, heads, step, config.batch_size, rng)),
+               lambda step, batches, halted: StepContext(models, optimizers, heads, step, config.batch_size, rng,
+                                                         batches, config, halted)),
         config.unroll_steps if fused else 1)
 
     summaries = Summaries(work_dir if chief else None, config.tensorboard, metric_sinks if chief else ())
@@ -450,7 +424,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping_patience)
 
     def sync_export_model():
-        ema = optimization.ema_values(optimizer) if optimizer is not None and not custom_step else None
+        ema = optimization.ema_values(optimizer) if optimizer is not None else None
         averaged = {id(v): e for v, e in zip(model.trainable_variables, ema)} if ema else {}
         export_model.set_weights([keras.ops.convert_to_numpy(averaged.get(id(v), v)) for v in model.weights])
 
@@ -480,11 +454,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
         if "loss" in out:
             since_eval = [since_eval[0] + out["loss"] * n, since_eval[1] + n]
 
-        if hist_every and step % hist_every == 0 and not custom_step:
-            export_model.set_weights([keras.ops.convert_to_numpy(v) for v in model.weights])  # live, not EMA
-            histograms, norms = diagnostics(export_model, heads, probe_batch)
-            summaries.histograms(step, histograms)
-            summaries.scalars("train", step, norms)
+        if hist_every and step % hist_every == 0:
+            _write_histograms(summaries, step, model, export_model, heads, probe_batch)
         if step % eval_every == 0 or step == total_steps:
             sync_export_model()
             metrics = evaluation(step)
@@ -501,8 +472,40 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     if evaluated_at != step:
         sync_export_model()
         metrics = evaluation(step)
+    if weights_fn is not None and heads:
+        _record_final_weights(heads, weights_fn, step, metrics, export_model)
     summaries.close()
     return TrainResult(export_model, kinds, heads, stats, metrics, step)
+
+
+def _module_optimizers(module, ctx, schedule, models, config) -> dict:
+    """A train_step module's optimizers (ctx.learning_rates set), with the config's per-optimizer controls: lr_multipliers
+    and float16 loss scaling on each, EMA on the exported model's (under the strategy scope)."""
+    optimizers = module.build_optimizers(ctx, schedule)
+    export_name = getattr(module, "EXPORT_MODEL", None) or next(iter(models))
+    return {name: optimization.prepare(opt, config, models[name].trainable_variables if name in models else [],
+                                       ema=name == export_name) for name, opt in optimizers.items()}
+
+
+def _write_histograms(summaries, step, model, export_model, heads, probe_batch) -> None:
+    """Weights (live, not EMA) and, with heads, gradients and per-layer grad norms on a fixed batch."""
+    export_model.set_weights([keras.ops.convert_to_numpy(v) for v in model.weights])
+    if not heads:  # a train_step module's losses are its own: weights only
+        summaries.histograms(step, {f"weights/{v.path}": keras.ops.convert_to_numpy(v)
+                                    for v in export_model.trainable_variables})
+        return
+    histograms, norms = diagnostics(export_model, heads, probe_batch)
+    summaries.histograms(step, histograms)
+    summaries.scalars("train", step, norms)
+
+
+def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
+    """Head.weight := the module's loss weight at the final step (on the eval losses), so the
+    export records them and the Evaluator computes the same weighted_loss."""
+    losses = {h.name: tf.constant(metrics[f"{h.name}_loss"], tf.float32) for h in heads}
+    weights = weights_fn(tf.constant(step, tf.int64), losses, model)
+    for head in heads:
+        head.weight = float(weights.get(head.name, head.weight))
 
 
 def _steps_to_next_event(step, total_steps, eval_every, checkpoint_every, hist_every, steps_per_loop) -> int:

@@ -105,14 +105,20 @@ def with_lr_multipliers(optimizer: keras.optimizers.Optimizer, factors: list[flo
 
 
 def make_optimizer(config: TrainerConfig, schedule, variables) -> keras.optimizers.Optimizer:
-    """Adam on the schedule, with Keras' built-in EMA of the weights when `ema_decay` is set and
-    a LossScaleOptimizer around it under mixed_float16. Build it under the strategy scope."""
-    optimizer = keras.optimizers.Adam(
-        schedule, use_ema=config.ema_decay is not None, ema_momentum=config.ema_decay or 0.99
-    )
+    """The loop's own optimizer: Adam on the schedule, with the config's controls (prepare)."""
+    return prepare(keras.optimizers.Adam(schedule), config, variables, ema=True)
+
+
+def prepare(optimizer: keras.optimizers.Optimizer, config: TrainerConfig, variables, ema: bool):
+    """The config's per-optimizer controls on an (unbuilt) optimizer, which is then built: Keras'
+    EMA of the weights when `ema` and ema_decay is set, lr_multipliers, and a LossScaleOptimizer
+    around it under mixed_float16. Call it under the strategy scope."""
+    if ema and config.ema_decay is not None:
+        opt = inner(optimizer)
+        opt.use_ema, opt.ema_momentum = True, config.ema_decay
     if config.lr_multipliers:
-        with_lr_multipliers(optimizer, lr_multiplier_list(variables, config.lr_multipliers))
-    if config.precision == "mixed_float16":
+        with_lr_multipliers(inner(optimizer), lr_multiplier_list(variables, config.lr_multipliers))
+    if config.precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     optimizer.build(variables)  # before the first strategy.run (keras-team/keras#23085)
     return optimizer
