@@ -54,6 +54,7 @@ def test_newest_logdir_picks_the_latest_trainer_run(run_dir, tmp_path):
         newest_logdir(str(tmp_path / "empty"))
 
 
+@pytest.mark.slow
 def test_loopline_tensorboard_serves_the_run_on_loopback(run_dir):
     root, logs = run_dir
     process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "tensorboard", "--set", f"pipeline.root={root}",
