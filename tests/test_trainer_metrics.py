@@ -123,3 +123,15 @@ def test_weighted_loss_from_the_heads_weights_and_loss_unweighted():
     m = weighted.metrics()
     assert m["loss"] == pytest.approx(m["a_loss"] + m["b_loss"]) and m["b_loss"] == pytest.approx(0.5)
     assert m["weighted_loss"] == pytest.approx(m["a_loss"] + 0.25 * m["b_loss"])
+
+
+def test_per_optimizer_keys_survive_the_components_json_round_trip():
+    """The Trainer component gets the trainer section as JSON: unset per-optimizer keys (null
+    there) still take the trainer-level values."""
+    from trainer.optimization import optimizer_schedules
+
+    config = TrainerConfig(learning_rate=0.01, optimizers={"discriminator": {"learning_rate": 0.004}})
+    config = TrainerConfig.model_validate_json(config.model_dump_json())
+    rates = optimizer_schedules(config, ["generator", "discriminator"], 100)
+    assert float(rates["generator"](0)) == pytest.approx(0.01)
+    assert float(rates["discriminator"](0)) == pytest.approx(0.004)

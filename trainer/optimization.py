@@ -67,7 +67,7 @@ def optimizer_schedules(config: TrainerConfig, names, total_steps: int) -> dict[
     schedules = {}
     for name in names:
         overrides = config.optimizers.get(name)
-        settings = config.model_copy(update=overrides.model_dump(exclude_unset=True)) if overrides else config
+        settings = config.model_copy(update=overrides.model_dump(exclude_none=True)) if overrides else config
         schedules[name] = learning_rate_schedule(settings, total_steps)
     return schedules
 
