@@ -135,3 +135,32 @@ def test_per_optimizer_keys_survive_the_components_json_round_trip():
     rates = optimizer_schedules(config, ["generator", "discriminator"], 100)
     assert float(rates["generator"](0)) == pytest.approx(0.01)
     assert float(rates["discriminator"](0)) == pytest.approx(0.004)
+
+
+NO_ENCODER_LAYER = '''
+import keras
+from trainer.features import TabularEncoder
+
+
+def build_model(ctx):
+    inputs = ctx.inputs()
+    numbers = {k: v for k, v in ctx.stats.numbers.items() if k in ctx.kinds}
+    strings = {k: v for k, v in ctx.stats.strings.items() if k in ctx.kinds}
+    x = TabularEncoder(numbers, strings, name="features")(inputs)  # not named "encoder"
+    return keras.Model(inputs, {h.name: h.output_layer(keras.layers.Dense(8)(x)) for h in ctx.heads})
+'''
+
+
+def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog):
+    from tests.conftest import REPO
+    from trainer.csv_examples import csv_to_tfrecords
+
+    splits = csv_to_tfrecords(str(REPO / "data" / "penguins.csv"), str(tmp_path / "data"))
+    module = tmp_path / "no_encoder.py"
+    module.write_text(NO_ENCODER_LAYER)
+    config = TrainerConfig(module_file=str(module), epochs=1, max_steps=2)
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        assert train(config, *splits, "species").steps == 2
+    assert "trainer.jit_compile=auto: XLA off (trainer.jit_compile: XLA cannot compile the string features" in caplog.text
+    with pytest.raises(ValueError, match="no single 'encoder' layer"):
+        train(config.model_copy(update={"jit_compile": True}), *splits, "species")
