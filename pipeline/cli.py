@@ -90,6 +90,15 @@ def _pin_to_cpus(cpus: list[int]) -> None:
                           f"({sorted(os.sched_getaffinity(0))})") from None
 
 
+def cmd_tensorboard(args) -> int:
+    """TensorBoard on --logdir, or on the newest Trainer run under pipeline.root."""
+    from pipeline.tensorboard import newest_logdir, serve
+
+    logdir = args.logdir or newest_logdir(_config(args).pipeline.root)
+    serve(logdir, args.host, args.port)
+    return 0
+
+
 def cmd_serve(args) -> int:
     config = _config(args)
     serving = config.serving
@@ -224,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path CSV")
     train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
     train.set_defaults(func=cmd_train)
+    board = sub.add_parser("tensorboard", help="open the newest Trainer run's summaries in TensorBoard")
+    _common(board)
+    board.add_argument("--logdir", default=None, help="default: the newest Trainer run's tensorboard/ under pipeline.root")
+    board.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    board.add_argument("--port", type=int, default=6006, help="default: 6006 (0: any free port)")
+    board.set_defaults(func=cmd_tensorboard)
     serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs")
     _common(serve)
     serve.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port (0: any free port)")

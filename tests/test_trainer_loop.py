@@ -192,7 +192,8 @@ def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
     from trainer.model import load_module
 
     train(TrainerConfig(epochs=1, max_steps=2, debug=True, module_file=str(module)), *regression, "target")
-    assert load_module(str(module)).SEEN == [True, True]
+    # Two steps, then the evaluation's weighted_loss and the final weights recorded for export.
+    assert load_module(str(module)).SEEN == [True, True, True, True]
     assert not tf.executing_eagerly() or not tf.config.functions_run_eagerly()
 
 
@@ -220,3 +221,49 @@ def test_jit_with_string_features_trains_like_the_eager_graph(penguins):
     for a, b in zip(plain.model.get_weights(), compiled.model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
     assert compiled.metrics["species_accuracy"] == pytest.approx(plain.metrics["species_accuracy"], abs=0.01)
+
+
+def test_uncertainty_weighting_learns_the_head_weights(penguins):
+    """loss_weights(step, losses, model) reads trainable log-variances: training moves them (each
+    weight towards 1 / its head's loss), and eval's weighted_loss uses the weights the model ended with."""
+    config = TrainerConfig(module_file=str(REPO / "examples/uncertainty/model.py"), epochs=6, batch_size=16,
+                           learning_rate=0.02, early_stopping_metric="weighted_loss", early_stopping_patience=10)
+    result = train(config, *penguins, "species")
+    log_variances = result.model.get_layer("log_variances").log_variances.numpy()
+    assert np.abs(log_variances).min() > 0.05  # both moved from their start at 0
+    weights = np.exp(-log_variances)
+    losses = np.array([result.metrics["species_loss"], result.metrics["body_mass_g_loss"]])
+    # The head with the larger loss ends with the smaller weight.
+    assert (weights[0] > weights[1]) == (losses[0] < losses[1])
+    assert result.metrics["weighted_loss"] == pytest.approx(float(weights @ losses), rel=1e-5)
+    assert result.metrics["loss"] == pytest.approx(float(losses.sum()), rel=1e-5)  # eval loss: unweighted
+    # The export records the final weights, so the Evaluator's metrics (HeadTotals) give the same weighted_loss.
+    assert [h.weight for h in result.heads] == pytest.approx(list(weights), rel=1e-5)
+    assert result.metrics["species_accuracy"] > 0.8
+
+
+def test_per_optimizer_settings_reach_the_modules_optimizers(tmp_path):
+    splits = points_splits(tmp_path / "data", rows=256)
+    gan = (REPO / "examples/gan/model.py").read_text()
+    module = tmp_path / "gan_rates.py"
+    module.write_text(gan + "\n_build = build_optimizers\nRATES = {}\n\n\ndef build_optimizers(ctx, learning_rate):\n"
+                      "    optimizers = _build(ctx, learning_rate)\n"
+                      "    RATES.update({k: float(o.learning_rate) for k, o in optimizers.items()})\n"
+                      "    return optimizers\n")
+    config = TrainerConfig(module_file=str(module), epochs=1, max_steps=2, batch_size=64, learning_rate=0.01,
+                           optimizers={"discriminator": {"learning_rate": 0.004, "lr_schedule": "triangular",
+                                                         "cycle_steps": 4, "min_learning_rate": 0.002}})
+    train(config, *splits, "unused")
+    from trainer.model import load_module
+
+    # The generator keeps the trainer's constant 0.01; the discriminator's triangle starts at step 1's 0.003.
+    assert load_module(str(module)).RATES == pytest.approx({"generator": 0.01, "discriminator": 0.003})
+    with pytest.raises(ValueError, match=r"trainer.optimizers names \['critic'\]"):
+        train(config.model_copy(update={"optimizers": {"critic": {"learning_rate": 0.1}}}), *splits, "unused")
+
+
+def test_train_step_override_refuses_keys_it_cannot_apply(tmp_path):
+    splits = points_splits(tmp_path / "data", rows=128)
+    config = TrainerConfig(module_file=str(REPO / "examples/gan/model.py"), epochs=1, unroll_steps=4)
+    with pytest.raises(ValueError, match=r"the module's train_step cannot be unrolled, so trainer.unroll_steps=4"):
+        train(config, *splits, "unused")

@@ -48,14 +48,39 @@ def points_splits(folder, rows: int = 1024, center=(3.0, -2.0)) -> tuple[str, st
 
 
 def read_events(folder) -> dict[str, list[float]]:
-    """Tag -> scalar values (or histogram counts summed) from TF event files under `folder`."""
-    from tensorflow.core.util import event_pb2
+    """Tag -> scalar values (or histogram counts summed), read with TensorBoard's own event
+    reader (the one its scalars and histograms plugins use)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
 
+    accumulator = plugin_event_accumulator.EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    accumulator.Reload()
     tags: dict[str, list] = {}
-    for path in tf.io.gfile.glob(f"{folder}/events.out.tfevents.*"):
-        for record in tf.data.TFRecordDataset(path):
-            event = event_pb2.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                array = tf.make_ndarray(value.tensor)
-                tags.setdefault(value.tag, []).append(float(array) if array.ndim == 0 else float(array[:, 2].sum()))
+    for tag in accumulator.Tags()["tensors"]:
+        for event in accumulator.Tensors(tag):
+            array = tf.make_ndarray(event.tensor_proto)
+            tags.setdefault(tag, []).append(float(array) if array.ndim == 0 else float(array[:, 2].sum()))
     return tags
+
+
+def plugin_tags(folder) -> dict[str, list[str]]:
+    """TensorBoard plugin name -> tags it would show, for the event files under `folder`."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    accumulator = plugin_event_accumulator.EventAccumulator(str(folder))
+    accumulator.Reload()
+    plugins = set(accumulator.ActivePlugins())
+    return {plugin: sorted(accumulator.PluginTagToContent(plugin)) if plugin in plugins else []
+            for plugin in ("scalars", "histograms")}
+
+
+def binary_splits(folder, rows: int = 1024, seed: int = 2) -> tuple[str, str]:
+    """label "pos"/"neg" from a noisy linear score of 4 numeric features (AUC well below 1)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for split, n in (("train", rows), ("eval", rows // 2)):
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        score = x @ np.array([1.0, -1.0, 0.5, 0.0], np.float32) + 1.2 * rng.normal(size=n)
+        columns = {f"x{i}": x[:, i] for i in range(4)} | {"label": np.where(score > 0, "pos", "neg")}
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", columns))
+    return paths[0], paths[1]

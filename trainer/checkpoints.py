@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import tensorflow as tf
 
@@ -17,11 +18,36 @@ class Checkpoints:
         self.every_steps = every_steps
         self.manager = None
         self.chief_directory = directory
+        self.keep = keep
         if directory:
             if not chief:  # other workers must save too (collectives), but somewhere private: per
                 # task (TF_CONFIG's type and index), so a restarted worker finds its copy again
                 directory = os.path.join(directory, f"worker-tmp-{task}")
             self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep)
+
+    def start(self, resume: bool, step_variable) -> int:
+        """The step the run starts at: the latest checkpoint's when resuming; otherwise 0, with
+        any old checkpoints moved aside (kept, not deleted, and never read by this run)."""
+        if resume:
+            return self.restore_latest(step_variable)
+        self.set_aside()
+        return 0
+
+    def set_aside(self) -> str | None:
+        """Moves the checkpoint folder to `<folder>-set-aside-<UTC time>`; returns where (None: nothing to move)."""
+        if self.manager is None or self.manager.latest_checkpoint is None:
+            return None
+        directory = self.manager.directory
+        aside = f"{directory}-set-aside-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        suffix = 1
+        while tf.io.gfile.exists(aside if suffix == 1 else f"{aside}-{suffix}"):
+            suffix += 1
+        aside = aside if suffix == 1 else f"{aside}-{suffix}"
+        tf.io.gfile.rename(directory, aside)
+        log.warning("trainer.resume is false: moved the old checkpoints (latest %s) aside to %s; starting at step 0",
+                    os.path.basename(self.manager.latest_checkpoint), aside)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=self.keep)
+        return aside
 
     def restore_latest(self, step_variable) -> int:
         """Restores the newest checkpoint if there is one; returns the step it holds (0 if none).

@@ -1,9 +1,11 @@
 """The trainer's configuration: the `trainer:` section of loopline.yaml."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+AUTO_STEPS_PER_LOOP = 32  # what steps_per_loop "auto" runs per call (or the epoch, if shorter)
 
 
 class _Section(BaseModel):
@@ -25,6 +27,22 @@ class InputConfig(_Section):
     )
 
 
+Schedule = Literal["constant", "cosine", "exponential", "triangular"]
+
+
+class OptimizerSettings(_Section):
+    """`trainer.optimizers.<name>`: learning-rate keys for one of a module's optimizers (keyed like
+    the models they train); a key left out takes the trainer-level value."""
+
+    learning_rate: float | None = Field(None, gt=0)
+    lr_schedule: Schedule | None = None
+    warmup_steps: int | None = Field(None, ge=0)
+    decay_steps: int | None = Field(None, ge=1)
+    decay_rate: float | None = Field(None, gt=0, le=1)
+    cycle_steps: int | None = Field(None, ge=2)
+    min_learning_rate: float | None = Field(None, ge=0)
+
+
 class TrainerConfig(_Section):
     """Every key is optional; the defaults train the bundled data as they are."""
 
@@ -43,20 +61,35 @@ class TrainerConfig(_Section):
         "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored on 2+ GPUs, else one device."
     )
     precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
-    jit_compile: bool = Field(False, description="Compile the step with XLA.")
-    steps_per_loop: int = Field(1, ge=1, description="Optimizer steps run inside one tf.function call.")
+    jit_compile: bool | Literal["auto"] = Field(
+        "auto", description="Compile the step with XLA. auto: on with one replica, no debug and no train_step "
+        "override (logged when off); true where it cannot apply is refused.",
+    )
+    steps_per_loop: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="Optimizer steps run inside one tf.function call. auto: 32 (or the epoch, if shorter); "
+        "1 under debug.",
+    )
     unroll_steps: int = Field(
         1, ge=1, description="Optimizer steps unrolled into one compiled call (one replica, no train_step override): "
         "fewer XLA launches per step, longer compilation.",
     )
 
     # The step.
-    lr_schedule: Literal["constant", "cosine", "exponential"] = "constant"
+    lr_schedule: Schedule = Field(
+        "constant", description="constant, cosine (with warm-up), exponential, or triangular (cyclical: from "
+        "min_learning_rate up to learning_rate and back every cycle_steps).",
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (cosine schedule).")
     decay_steps: int | None = Field(
         None, ge=1, description="cosine: steps to decay over (default: the whole run); exponential: steps per decay_rate."
     )
     decay_rate: float = Field(0.96, gt=0, le=1, description="exponential: factor per decay_steps.")
+    cycle_steps: int = Field(200, ge=2, description="triangular: steps per cycle (up and back down).")
+    min_learning_rate: float = Field(0.0, ge=0, description="triangular: the rate at each cycle's ends.")
+    optimizers: dict[str, OptimizerSettings] = Field(
+        default_factory=dict, description="Per-optimizer learning-rate keys of a module with build_optimizers "
+        "({name: {learning_rate, lr_schedule, warmup_steps, decay_steps, decay_rate, cycle_steps, min_learning_rate}}).",
+    )
     grad_accum_steps: int = Field(1, ge=1, description="Batches whose gradients are summed per optimizer step.")
     clip_norm: float | None = Field(None, gt=0, description="Clip gradients by this global norm.")
     ema_decay: float | None = Field(
@@ -73,7 +106,10 @@ class TrainerConfig(_Section):
     # Checkpoints, evaluation, summaries.
     checkpoint_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
     keep_checkpoints: int = Field(3, ge=1)
-    resume: bool = Field(True, description="Resume from the latest checkpoint in the work folder.")
+    resume: bool = Field(
+        True, description="Resume from the latest checkpoint in the work folder; false moves old checkpoints aside "
+        "(to checkpoints-set-aside-<time>, logged) and starts at step 0.",
+    )
     eval_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
     early_stopping_metric: str | None = Field(None, description="Eval metric to watch, e.g. loss or species_accuracy.")
     early_stopping_patience: int = Field(3, ge=1, description="Evaluations without improvement before stopping.")

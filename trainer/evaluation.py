@@ -13,7 +13,7 @@ import tensorflow as tf
 from serving import signature_names as names
 from trainer.export_config import EvaluatorConfig
 from trainer.features import parse_examples
-from trainer.heads import CLASSIFICATION, Head, HeadTotals
+from trainer.heads import CLASSIFICATION, Head, HeadTotals, higher_is_better
 from trainer.inputs import record_dataset
 
 def _description_path(saved_model_dir: str) -> str:
@@ -103,10 +103,6 @@ def _is_loopline_export(saved_model_dir: str) -> bool:
     return tf.io.gfile.exists(_description_path(saved_model_dir))
 
 
-def lower_is_better(metric: str) -> bool:
-    return not metric.endswith("accuracy")
-
-
 @dataclass
 class Blessing:
     blessed: bool
@@ -174,7 +170,7 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
                 if metric in missing:
                     continue
                 new, old = candidate[metric], champion[metric]
-                worse = new - old if lower_is_better(metric) else old - new
+                worse = old - new if higher_is_better(metric) else new - old
                 allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
                 check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed)

@@ -3,6 +3,7 @@ how it is evaluated."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import keras
@@ -67,11 +68,23 @@ class Head:
         return loss * maskf, maskf
 
 
+HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1"})
+
+
+def higher_is_better(metric: str) -> bool:
+    """The one direction rule for metric names (the ones made here, `<head>_accuracy`, and users'):
+    higher is better when a word of the name (split at `_ / - .`) is accuracy, auc, precision,
+    recall or f1; lower otherwise (loss, rmse, mae, weighted_loss...). Early stopping, the
+    Evaluator's champion comparison and the blessing gate all read it."""
+    return any(word in HIGHER_IS_BETTER_WORDS for word in re.split(r"[_/\-.]", metric.lower()))
+
+
 class HeadTotals:
     """Each head's evaluation metrics summed over batches; one definition for the trainer's
     evaluation, the Evaluator and the TFLite parity check: `<head>_loss`, `<head>_accuracy` or
-    `<head>_rmse`, `<head>_examples` and the weighted total `loss`. Rows without a label are left
-    out of that head."""
+    `<head>_rmse`, `<head>_examples`, the unweighted total `loss`, and `weighted_loss` when the
+    heads carry weights (`Head.weight`: the module's loss weights as training ended). Rows without
+    a label are left out of that head."""
 
     def __init__(self, heads: list[Head]):
         self.heads = heads
@@ -96,17 +109,20 @@ class HeadTotals:
 
     def metrics(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        total = 0.0
+        total, weighted = 0.0, 0.0
         for head in self.heads:
             examples = self._sums.get(f"{head.name}/count", 0.0)
             count = max(examples, 1.0)
             metrics[f"{head.name}_loss"] = self._sums.get(f"{head.name}/loss_sum", 0.0) / count
-            total += head.weight * metrics[f"{head.name}_loss"]
+            total += metrics[f"{head.name}_loss"]
+            weighted += head.weight * metrics[f"{head.name}_loss"]
             if head.kind == CLASSIFICATION:
                 metrics[f"{head.name}_accuracy"] = self._sums.get(f"{head.name}/correct", 0.0) / count
             else:
                 metrics[f"{head.name}_rmse"] = math.sqrt(self._sums.get(f"{head.name}/squared_error", 0.0) / count)
             metrics[f"{head.name}_examples"] = examples
         if self.heads:
-            metrics["loss"] = total
+            metrics["loss"] = total  # unweighted: comparable whatever weights a run ended with
+        if any(head.weight != 1.0 for head in self.heads):
+            metrics["weighted_loss"] = weighted  # the weights training ended with (recorded at export)
         return metrics

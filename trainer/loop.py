@@ -20,7 +20,7 @@ from trainer import optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
-from trainer.heads import Head, HeadTotals
+from trainer.heads import CLASSIFICATION, Head, higher_is_better
 from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
@@ -28,12 +28,17 @@ from trainer.model import (
     declared_head_kinds,
     label_names,
     load_module,
+    loss_weights_hook,
     make_head,
     module_for_label,
     split_at_encoder,
 )
+from trainer.speed import resolve_speed
+from trainer.step_context import HELPER_KEYS, StepContext
+from trainer.split_eval import SplitEvaluation, evaluate, user_metrics
 from trainer.strategy import is_chief, make_strategy, task_name
 from trainer.summaries import MetricSink, Progress, Summaries
+from trainer.updates import apply_update
 
 log = logging.getLogger("loopline.trainer")
 
@@ -50,18 +55,6 @@ class TrainResult:
     steps: int
 
 
-@dataclass
-class StepContext:
-    """What a user's `train_step(ctx, features, targets)` override gets."""
-
-    models: dict[str, keras.Model]
-    optimizers: dict[str, keras.optimizers.Optimizer]
-    heads: list[Head]
-    step: tf.Tensor  # the optimizer step being taken
-    global_batch_size: int  # divide summed per-example losses by this (never by the replica batch)
-    rng: tf.random.Generator  # checkpointed with the run
-
-
 def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf.Tensor]:
     """Each head's loss over this replica's share of the global batch. Unlabeled examples count
     zero; dividing by the global batch makes the sum over replicas the mean (divided once)."""
@@ -72,26 +65,16 @@ def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf
     return losses
 
 
-def evaluate(model: keras.Model, heads: list[Head], dataset: tf.data.Dataset, metrics_fn: Callable | None = None) -> dict[str, float]:
-    """Loss per head, accuracy (classification) and RMSE (regression) over a whole split, plus
-    the module's own `metrics(targets, outputs)` (batch means, weighted by batch size)."""
-    if not heads and metrics_fn is None:
-        return {}  # nothing to measure (e.g. a GAN module without `metrics`)
-    totals = HeadTotals(heads)
-    user: dict[str, float] = {}
-    examples = 0
-    predict = tf.function(lambda features: model(features, training=False), reduce_retracing=True)
-    for features, targets in dataset:
-        outputs = predict(features)
-        size = int(next(iter(features.values())).shape[0])
-        examples += size
-        totals.add(targets, outputs)
-        if metrics_fn is not None:
-            for key, value in metrics_fn(targets, outputs).items():
-                user[key] = user.get(key, 0.0) + float(value) * size
-    metrics = totals.metrics()
-    metrics.update({key: value / max(examples, 1) for key, value in user.items()})
-    return metrics
+def accuracy_counts(heads, targets, outputs) -> dict[str, tf.Tensor]:
+    """Correct and labelled examples of each classification head (training accuracy, summed)."""
+    counts = {}
+    for head in heads:
+        if head.kind == CLASSIFICATION:
+            mask = tf.cast(targets[head.name] >= 0, tf.float32)
+            predicted = tf.argmax(outputs[head.name], axis=-1, output_type=tf.int32)
+            counts[f"{head.name}_correct"] = tf.reduce_sum(tf.cast(predicted == targets[head.name], tf.float32) * mask)
+            counts[f"{head.name}_labelled"] = tf.reduce_sum(mask)
+    return counts
 
 
 def _configure_runtime(config: TrainerConfig) -> None:
@@ -107,11 +90,50 @@ def _reset_runtime(config: TrainerConfig) -> None:
         tf.config.run_functions_eagerly(False)
 
 
-def _better(metric: str, value: float, best: float | None) -> bool:
-    if best is None:
+def refuse_keys_an_override_cannot_use(config: TrainerConfig) -> None:
+    """At start-up: unroll_steps fuses the loop's own steps; a train_step override is not fused."""
+    if config.unroll_steps != 1:
+        raise ValueError(f"the module's train_step cannot be unrolled, so trainer.unroll_steps={config.unroll_steps} "
+                         "cannot apply to it; leave it at 1")
+
+
+def refuse_keys_the_step_bypassed(ctx: StepContext, config: TrainerConfig) -> None:
+    """When the override is traced (before any update runs): keys only the StepContext helpers
+    apply are refused if it updated an optimizer without them, naming the keys and optimizers."""
+    defaults = TrainerConfig()
+    keys = [k for k in HELPER_KEYS if getattr(config, k) != getattr(defaults, k) and
+            not (k == "precision" and config.precision == "mixed_bfloat16")]
+    bypassed = sorted(set(ctx.optimizers) - {name for name, _ in ctx.applied})
+    if keys and bypassed:
+        raise ValueError(f"the module's train_step updates {bypassed} without ctx.apply or ctx.minimize, so "
+                         f"{', '.join(f'trainer.{k}' for k in keys)} cannot apply to them; use the StepContext "
+                         "helpers or leave these keys at their defaults")
+
+
+class EarlyStopping:
+    """Stops after `patience` evaluations without improvement of `metric` (direction: higher_is_better)."""
+
+    def __init__(self, metric: str | None, patience: int):
+        self.metric, self.patience = metric, patience
+        self.best, self.stale = None, 0
+
+    def should_stop(self, metrics: dict[str, float], step: int) -> bool:
+        if not self.metric:
+            return False
+        if self.metric not in metrics:
+            raise ValueError(f"trainer.early_stopping_metric '{self.metric}' is not an eval "
+                             f"metric; eval metrics are {sorted(metrics)}")
+        value = metrics[self.metric]
+        better = self.best is None or (value > self.best if higher_is_better(self.metric) else value < self.best)
+        if better:
+            self.best, self.stale = value, 0
+            return False
+        self.stale += 1
+        if self.stale < self.patience:
+            return False
+        log.info("early stopping at step %d: %s has not improved for %d evaluations (best %.4g)",
+                 step, self.metric, self.stale, self.best)
         return True
-    larger_is_better = any(word in metric for word in ("accuracy", "auc", "precision", "recall"))
-    return value > best if larger_is_better else value < best
 
 
 def train(
@@ -126,7 +148,8 @@ def train(
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns).
 
     With `work_dir`, checkpoints go to `<work_dir>/checkpoints` (and a run there resumes from
-    the latest one) and TensorBoard summaries to `<work_dir>/tensorboard/{train,eval}`.
+    the latest one, unless trainer.resume is false) and TensorBoard summaries to
+    `<work_dir>/tensorboard/{train,eval}`.
     """
     _configure_runtime(config)
     try:
@@ -135,17 +158,187 @@ def train(
         _reset_runtime(config)
 
 
+@dataclass
+class _Steps:
+    """Everything the compiled steps close over (built by _train, used by _build_run_steps)."""
+
+    config: TrainerConfig
+    strategy: tf.distribute.Strategy
+    model: keras.Model
+    stepped: keras.Model  # the model, or the part after the encoder when strings stay out of XLA
+    heads: list[Head]
+    optimizer: keras.optimizers.Optimizer | None
+    weights_fn: Callable | None
+    jit: bool
+    custom_step: Callable | None = None
+    step_context: Callable | None = None  # (step, batches, halted) -> StepContext, for custom_step
+
+
+def _build_replica_step(s: _Steps):
+    config, model, heads, optimizer = s.config, s.model, s.heads, s.optimizer
+    replicas, accum = s.strategy.num_replicas_in_sync, config.grad_accum_steps
+    float16 = config.precision == "mixed_float16"
+
+    def replica_step(batches, step, halted):
+        """One optimizer step on this replica's share of `grad_accum_steps` batches; `halted`:
+        an earlier step of this call was non-finite (nan_policy stop applies nothing after it)."""
+        variables = model.trainable_variables
+        gradients = [tf.zeros_like(v) for v in variables]
+        loss, losses, counts = 0.0, {h.name: 0.0 for h in heads}, {}
+        for features, targets in batches:  # unrolled: grad_accum_steps is small
+            with tf.GradientTape() as tape:
+                outputs = s.stepped(features, training=True)
+                batch_losses = head_losses(heads, targets, outputs, config.batch_size)
+                weights = s.weights_fn(step, batch_losses, model) if s.weights_fn else {}
+                terms = [tf.cast(weights.get(h.name, h.weight), tf.float32) * batch_losses[h.name] for h in heads]
+                terms += [tf.cast(extra, tf.float32) / replicas for extra in model.losses]  # e.g. regularizers
+                batch_loss = tf.add_n(terms) / accum
+                scaled = optimizer.scale_loss(batch_loss) if float16 else batch_loss
+            new = tape.gradient(scaled, variables)
+            gradients = [g if d is None else g + tf.convert_to_tensor(d) for g, d in zip(gradients, new)]
+            loss += batch_loss
+            losses = {k: losses[k] + batch_losses[k] / accum for k in losses}
+            counts = {k: counts.get(k, 0.0) + v for k, v in accuracy_counts(heads, targets, outputs).items()}
+
+        update = apply_update(optimizer, variables, loss, gradients, config, step, halted)
+        finite = update.pop("finite")
+
+        summed = {"loss": loss, **{f"loss/{k}": v for k, v in losses.items()}, **counts}
+        averaged = {**update, "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
+                    "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
+        return summed, averaged
+
+    return replica_step
+
+
+def _build_user_replica_step(s: _Steps):
+    replicas = s.strategy.num_replicas_in_sync
+
+    def user_replica_step(batches, step, halted):
+        """The module's train_step; the values it reports and its ctx.apply calls feed the NaN guard."""
+        ctx = s.step_context(step, batches, halted)
+        features, targets = batches[0]
+        reported = s.custom_step(ctx, features, targets)
+        refuse_keys_the_step_bypassed(ctx, s.config)
+        finite = ctx.all_finite() & tf.reduce_all(
+            [tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32))) for v in reported.values()])
+        if replicas > 1:
+            bad = tf.distribute.get_replica_context().all_reduce("sum", 1.0 - tf.cast(finite, tf.float32))
+            finite = bad == 0.0
+        return reported, {**ctx.figures(), "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
+                          "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
+
+    return user_replica_step
+
+
+def _combine(total, new):
+    """Running totals of a call's steps; the non-finite step kept is the first one."""
+    return {k: tf.where(total[k] >= 0, total[k], new[k]) if k == "nonfinite_step" else total[k] + new[k] for k in total}
+
+
+def _build_run_steps(s: _Steps, unroll: int):
+    """`run_steps(iterator, first_step, num_steps)`: that many optimizer steps in one tf.function
+    call (Orbit's steps_per_loop), returning their means (and the first non-finite step)."""
+    config, strategy, heads = s.config, s.strategy, s.heads
+    accum = config.grad_accum_steps
+    stop_on_nan = config.nan_policy == "stop"
+    replica_step = _build_replica_step(s) if s.custom_step is None else None
+    inner_step = replica_step or _build_user_replica_step(s)
+    if s.jit:
+        inner_step = tf.function(inner_step, jit_compile=True)
+
+    def one_step(iterator, step, halted):
+        batches = tuple(next(iterator) for _ in range(accum))
+        summed, averaged = strategy.run(inner_step, args=(batches, step, halted))
+        out = {k: strategy.reduce("sum", v, axis=None) for k, v in summed.items()}
+        for k, v in averaged.items():  # the same on every replica, or averaged
+            out[k] = strategy.reduce("mean", v, axis=None)
+        return out
+
+    # On one replica nothing needs reducing across devices, so steps and the running totals of
+    # their metrics compile into one function (with XLA when jit), `unroll` steps in each: fewer
+    # small ops and fewer XLA launches per step.
+    fused = strategy.num_replicas_in_sync == 1 and s.custom_step is None
+
+    def fused_steps(count):
+        def run(batches, step, totals):
+            for k in range(count):
+                summed, averaged = replica_step(batches[k * accum:(k + 1) * accum], step + k,
+                                                totals["nonfinite_step"] >= 0)
+                totals = _combine(totals, {**summed, **averaged})
+            return totals
+
+        return tf.function(run, jit_compile=True) if s.jit else run
+
+    block_step, single_step = (fused_steps(unroll), fused_steps(1)) if fused else (None, None)
+
+    def zero_totals():  # the keys replica_step returns
+        names = ["loss", *(f"loss/{h.name}" for h in heads), "grad_norm", "learning_rate", "skipped_steps",
+                 *(f"{h.name}_{c}" for h in heads if h.kind == CLASSIFICATION for c in ("correct", "labelled")),
+                 *(["loss_scale"] if config.precision == "mixed_float16" else [])]
+        return {**{k: tf.constant(0.0) for k in names}, "nonfinite_step": tf.constant(-1, tf.int64)}
+
+    @tf.function
+    def run_steps(iterator, first_step, num_steps):
+        def take(steps):
+            return tuple(next(iterator) for _ in range(steps * accum))
+
+        if fused:  # whole blocks of unroll steps, then single steps for what is left
+            totals = zero_totals()
+            blocks = num_steps // unroll
+            for i in tf.range(blocks):
+                totals = block_step(take(unroll), first_step + tf.cast(i * unroll, tf.int64), totals)
+            for i in tf.range(blocks * unroll, num_steps):
+                totals = single_step(take(1), first_step + tf.cast(i, tf.int64), totals)
+        else:
+            totals = one_step(iterator, first_step, tf.constant(False))
+            for i in tf.range(1, num_steps):
+                if stop_on_nan and totals["nonfinite_step"] >= 0:
+                    break  # nothing is applied after a non-finite step
+                totals = _combine(totals, one_step(iterator, first_step + tf.cast(i, tf.int64),
+                                                   totals["nonfinite_step"] >= 0))
+        n = tf.cast(num_steps, tf.float32)
+        return {k: v if k in ("nonfinite_step", "skipped_steps") else v / n for k, v in totals.items()}
+
+    return run_steps
+
+
+def _train_metrics(out: dict[str, float], heads: list[Head]) -> dict[str, float]:
+    """A call's outputs as logged: accuracy per classification head from its counts."""
+    for head in heads:
+        if head.kind == CLASSIFICATION:
+            correct, labelled = out.pop(f"{head.name}_correct", 0.0), out.pop(f"{head.name}_labelled", 0.0)
+            if labelled > 0:
+                out[f"{head.name}_accuracy"] = correct / labelled
+    return out
+
+
+def _compile_strings_out(model, kinds, dataset, config, jit: bool):
+    """XLA cannot compile strings: with jit and string features, the encoder (constants, no
+    weights) runs in tf.data and the compiled step trains the layers after it. Returns (the model
+    the step calls, the dataset, jit); jit "auto" falls back when the model has no encoder."""
+    if not jit or not any(kind == "string" for kind in kinds.values()):
+        return model, dataset, jit
+    try:
+        encoder, stepped = split_at_encoder(model, kinds)
+    except ValueError as exc:
+        if config.jit_compile is True:
+            raise
+        log.info("trainer.jit_compile=auto: XLA off (%s)", exc)
+        return model, dataset, False
+    dataset = dataset.map(lambda features, targets: (encoder(features), targets),
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
+    return stepped, dataset, jit
+
+
 def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds) -> TrainResult:
     strategy = make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
-    if config.jit_compile and replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices):
-        # The step all-reduces gradients inside the compiled function; XLA has no collectives on CPU.
-        raise ValueError(f"trainer.jit_compile does not work with {replicas} replicas on CPU (strategy "
-                         f"{config.strategy}: XLA has no cross-replica collectives on CPU); set "
-                         "trainer.jit_compile=false or train on one device")
     chief = is_chief(strategy)
     module = module_for_label(load_module(config.module_file), label, config.module_file)
     custom_step = getattr(module, "train_step", None)
+    if custom_step is not None:
+        refuse_keys_an_override_cannot_use(config)
 
     # What the data holds: feature kinds (from the schema when given), statistics, one head per label.
     all_kinds = dict(kinds) if kinds else infer_feature_kinds(train_pattern)
@@ -171,6 +364,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
+    on_cpu = replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices)
+    speed = resolve_speed(config, replicas, on_cpu, custom_step is not None, steps_per_epoch)
     schedule = optimization.learning_rate_schedule(config, total_steps)
 
     # Models and optimizers under the strategy and precision policy; an export copy in float32.
@@ -178,9 +373,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     with strategy.scope():
         models = build_models(module, ctx)
         if custom_step is not None:
-            optimizers = module.build_optimizers(ctx, schedule)
-            for name, opt in optimizers.items():
-                opt.build(models[name].trainable_variables if name in models else [])
+            ctx.learning_rates = optimization.optimizer_schedules(config, list(models), total_steps)
+            optimizers = _module_optimizers(module, ctx, schedule, models, config)
         else:
             optimizers = {"model": optimization.make_optimizer(config, schedule, models["model"].trainable_variables)}
         rng = tf.random.Generator.from_seed(config.seed)
@@ -200,211 +394,137 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
         step=step_var, batches_consumed=batches_var, rng=rng,
         **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
     )
-    step = checkpoints.restore_latest(step_var)
+    step = checkpoints.start(config.resume, step_var)
 
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
                               skip_batches=int(batches_var.numpy()), columns=columns)
-    # XLA cannot compile strings: with jit_compile and string features, the encoder (constants,
-    # no weights) runs in tf.data and the compiled step trains the layers after it.
-    stepped = model
-    if config.jit_compile and custom_step is None and any(kind == "string" for kind in kinds.values()):
-        encoder, stepped = split_at_encoder(model, kinds)
-        dataset = dataset.map(lambda features, targets: (encoder(features), targets),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
+    stepped, dataset, jit = _compile_strings_out(model, kinds, dataset, config, speed.jit_compile and not custom_step)
+    jit = jit or (speed.jit_compile and custom_step is not None)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input)
     probe_batch = next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))
 
-    optimizer = optimizers.get("model")
-    weights_fn = getattr(module, "loss_weights", None)
-    float16 = config.precision == "mixed_float16"
-
-    def replica_step(batches, step):
-        """One optimizer step on this replica's share of `grad_accum_steps` batches."""
-        variables = model.trainable_variables
-        gradients = [tf.zeros_like(v) for v in variables]
-        loss, losses = 0.0, {h.name: 0.0 for h in heads}
-        for features, targets in batches:  # unrolled: grad_accum_steps is small
-            with tf.GradientTape() as tape:
-                outputs = stepped(features, training=True)
-                batch_losses = head_losses(heads, targets, outputs, config.batch_size)
-                weights = weights_fn(step) if weights_fn else {}
-                terms = [weights.get(h.name, h.weight) * batch_losses[h.name] for h in heads]
-                terms += [tf.cast(extra, tf.float32) / replicas for extra in model.losses]  # e.g. regularizers
-                batch_loss = tf.add_n(terms) / accum
-                scaled = optimizer.scale_loss(batch_loss) if float16 else batch_loss
-            gradients = [g + tf.convert_to_tensor(d) for g, d in zip(gradients, tape.gradient(scaled, variables))]
-            loss += batch_loss
-            losses = {k: losses[k] + batch_losses[k] / accum for k in losses}
-
-        if config.debug:  # name the first non-finite value (inputs may hold NaN: it means missing)
-            tf.debugging.check_numerics(loss, f"loss at step {int(step)}")
-            for variable, gradient in zip(variables, gradients):
-                tf.debugging.check_numerics(gradient, f"gradient of {variable.path} at step {int(step)}")
-        scale = tf.cast(optimizer.dynamic_scale, tf.float32) if float16 else 1.0
-        if replicas > 1:  # the global gradient, so its norm and clipping are exact
-            gradients = tf.distribute.get_replica_context().all_reduce("sum", gradients)
-        grad_norm = tf.linalg.global_norm(gradients) / scale
-        if config.clip_norm:
-            gradients, _ = tf.clip_by_global_norm(gradients, config.clip_norm * scale, use_norm=grad_norm * scale)
-        finite = tf.math.is_finite(loss) if float16 else tf.math.is_finite(loss) & tf.math.is_finite(grad_norm)
-        if replicas > 1:
-            bad = tf.distribute.get_replica_context().all_reduce("sum", 1.0 - tf.cast(finite, tf.float32))
-            finite = bad == 0.0
-            gradients = [g / replicas for g in gradients]  # Keras' apply sums across replicas again
-        if config.nan_policy == "skip":
-            optimization.apply_if(finite, optimizer, gradients, variables)
-        else:
-            optimizer.apply(gradients, variables)
-
-        summed = {"loss": loss, **{f"loss/{k}": v for k, v in losses.items()}}
-        averaged = {"grad_norm": grad_norm, "learning_rate": optimization.current_learning_rate(schedule, step),
-                    "nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
-                    "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
-        if float16:
-            averaged["loss_scale"] = scale
-        return summed, averaged
-
-    def user_replica_step(batches, step):
-        step_ctx = StepContext(models, optimizers, heads, step, config.batch_size, rng)
-        features, targets = batches[0]
-        return custom_step(step_ctx, features, targets), {}
-
-    inner_step = user_replica_step if custom_step else replica_step
-    if config.jit_compile:
-        inner_step = tf.function(inner_step, jit_compile=True)
-
-    def one_step(iterator, step):
-        batches = tuple(next(iterator) for _ in range(accum if not custom_step else 1))
-        summed, averaged = strategy.run(inner_step, args=(batches, step))
-        out = {k: strategy.reduce("sum", v, axis=None) for k, v in summed.items()}
-        for k, v in averaged.items():  # the same on every replica, or averaged
-            out[k] = strategy.reduce("mean", v, axis=None)
-        return out
-
-    def combine(total, new):
-        return {k: tf.maximum(total[k], new[k]) if k == "nonfinite_step" else total[k] + new[k] for k in total}
-
-    # On one replica nothing needs reducing across devices, so steps and the running totals of
-    # their metrics compile into one function (with XLA when jit_compile), `unroll_steps` steps in
-    # each: fewer small ops and fewer XLA launches per step.
+    optimizer = optimizers.get(export_name)  # its EMA weights are the ones exported
+    weights_fn = loss_weights_hook(module)
     fused = replicas == 1 and not custom_step
-    unroll = config.unroll_steps if fused else 1
     if config.unroll_steps > 1 and not fused:
         log.warning("trainer.unroll_steps=%d applies on one replica without a train_step override; running "
                     "one step per call", config.unroll_steps)
-
-    def fused_steps(count):
-        def run(batches, step, totals):
-            for k in range(count):
-                summed, averaged = replica_step(batches[k * accum:(k + 1) * accum], step + k)
-                totals = combine(totals, {**summed, **averaged})
-            return totals
-
-        return tf.function(run, jit_compile=True) if config.jit_compile else run
-
-    block_step, single_step = (fused_steps(unroll), fused_steps(1)) if fused else (None, None)
-
-    def zero_totals():  # the keys replica_step returns
-        totals = {"loss": 0.0, **{f"loss/{h.name}": 0.0 for h in heads}, "grad_norm": 0.0, "learning_rate": 0.0,
-                  "skipped_steps": 0.0, **({"loss_scale": 0.0} if float16 else {})}
-        return {**{k: tf.constant(v, tf.float32) for k, v in totals.items()}, "nonfinite_step": tf.constant(-1, tf.int64)}
-
-    @tf.function
-    def run_steps(iterator, first_step, num_steps):
-        """`num_steps` optimizer steps in one call (Orbit's steps_per_loop); returns their means."""
-        def take(steps):
-            return tuple(next(iterator) for _ in range(steps * accum))
-
-        if fused:  # whole blocks of unroll_steps, then single steps for what is left
-            totals = zero_totals()
-            blocks = num_steps // unroll
-            for i in tf.range(blocks):
-                totals = block_step(take(unroll), first_step + tf.cast(i * unroll, tf.int64), totals)
-            for i in tf.range(blocks * unroll, num_steps):
-                totals = single_step(take(1), first_step + tf.cast(i, tf.int64), totals)
-        else:
-            totals = one_step(iterator, first_step)
-            for i in tf.range(1, num_steps):
-                totals = combine(totals, one_step(iterator, first_step + tf.cast(i, tf.int64)))
-        n = tf.cast(num_steps, tf.float32)
-        return {k: v if k in ("nonfinite_step", "skipped_steps") else v / n for k, v in totals.items()}
+    run_steps = _build_run_steps(
+        _Steps(config, strategy, model, stepped, heads, optimizer, weights_fn, jit, custom_step,
+               lambda step, batches, halted: StepContext(models, optimizers, heads, step, config.batch_size, rng,
+                                                         batches, config, halted)),
+        config.unroll_steps if fused else 1)
 
     summaries = Summaries(work_dir if chief else None, config.tensorboard, metric_sinks if chief else ())
     progress = Progress(config.progress if chief else "log", total_steps, step)
     eval_every = config.eval_every_steps or steps_per_epoch
     hist_every = config.histogram_every_steps
-    metrics_fn = getattr(module, "metrics", None)
+    evaluation = SplitEvaluation(export_model, heads, eval_data, user_metrics(module, ctx),
+                                 getattr(module, "metrics", None), weights_fn)
+    stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping_patience)
 
     def sync_export_model():
-        ema = optimization.ema_values(optimizer) if optimizer is not None and not custom_step else None
+        ema = optimization.ema_values(optimizer) if optimizer is not None else None
         averaged = {id(v): e for v, e in zip(model.trainable_variables, ema)} if ema else {}
         export_model.set_weights([keras.ops.convert_to_numpy(averaged.get(id(v), v)) for v in model.weights])
 
     metrics: dict[str, float] = {}
-    evaluated_at, best, stale = -1, None, 0
+    evaluated_at, since_eval = -1, [0.0, 0]  # train loss summed over steps since the last evaluation, steps
     while step < total_steps:
         # Run until the next event (eval, checkpoint, histograms, end), at most steps_per_loop.
-        stops = [total_steps, (step // eval_every + 1) * eval_every]
-        if checkpoints.every_steps:
-            stops.append((step // checkpoints.every_steps + 1) * checkpoints.every_steps)
-        if hist_every:
-            stops.append((step // hist_every + 1) * hist_every)
-        n = min(config.steps_per_loop, min(stops) - step)
+        n = _steps_to_next_event(step, total_steps, eval_every, checkpoints.every_steps, hist_every,
+                                 speed.steps_per_loop)
         started = time.perf_counter()
         out = run_steps(iterator, tf.constant(step + 1, tf.int64), tf.constant(n))
         out = {k: float(v) for k, v in out.items()}
         elapsed = time.perf_counter() - started
-        step += n
-        step_var.assign(step)
-        batches_var.assign_add(n * (1 if custom_step else accum))
-
         bad = int(out.pop("nonfinite_step", -1))
         if config.nan_policy == "stop" and bad >= 0:
-            raise FloatingPointError(f"non-finite loss or gradient at step {bad}; the last checkpoint is before it "
-                                     "(trainer.nan_policy=skip skips such steps)")
+            raise FloatingPointError(f"non-finite loss or gradient at step {bad}; no update was applied from it on "
+                                     "and the last checkpoint is before it (trainer.nan_policy=skip skips such steps)")
+        step += n
+        step_var.assign(step)
+        batches_var.assign_add(n * accum)
         if config.nan_policy != "skip":
             out.pop("skipped_steps", None)
-        out["examples_per_sec"] = n * (1 if custom_step else accum) * config.batch_size / max(elapsed, 1e-9)
+        out = _train_metrics(out, heads)
+        out["examples_per_sec"] = n * accum * config.batch_size / max(elapsed, 1e-9)
         summaries.scalars("train", step, out)
         progress.update(step, out)
+        if "loss" in out:
+            since_eval = [since_eval[0] + out["loss"] * n, since_eval[1] + n]
 
-        if hist_every and step % hist_every == 0 and not custom_step:
-            export_model.set_weights([keras.ops.convert_to_numpy(v) for v in model.weights])  # live, not EMA
-            histograms, norms = diagnostics(export_model, heads, probe_batch)
-            summaries.histograms(step, histograms)
-            summaries.scalars("train", step, norms)
+        if hist_every and step % hist_every == 0:
+            _write_histograms(summaries, step, model, export_model, heads, probe_batch)
         if step % eval_every == 0 or step == total_steps:
             sync_export_model()
-            metrics = evaluate(export_model, heads, eval_data, metrics_fn)
+            metrics = evaluation(step)
             evaluated_at = step
             summaries.scalars("eval", step, {k: v for k, v in metrics.items() if not k.endswith("_examples")})
-            epoch = math.ceil(step / steps_per_epoch)
-            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
-            log.info("epoch %d/%d step %d/%d train_loss=%.4g eval %s (%.0f examples/s)",
-                     epoch, config.epochs, step, total_steps, out.get("loss", float("nan")), shown, out["examples_per_sec"])
-            if config.early_stopping_metric:
-                if config.early_stopping_metric not in metrics:
-                    raise ValueError(f"trainer.early_stopping_metric '{config.early_stopping_metric}' is not an eval "
-                                     f"metric; eval metrics are {sorted(metrics)}")
-                value = metrics[config.early_stopping_metric]
-                if _better(config.early_stopping_metric, value, best):
-                    best, stale = value, 0
-                else:
-                    stale += 1
-                    if stale >= config.early_stopping_patience:
-                        log.info("early stopping at step %d: %s has not improved for %d evaluations (best %.4g)",
-                                 step, config.early_stopping_metric, stale, best)
-                        checkpoints.save(step)
-                        break
+            _log_evaluation(step, steps_per_epoch, total_steps, config.epochs, since_eval, metrics, out)
+            since_eval = [0.0, 0]
+            if stopping.should_stop(metrics, step):
+                checkpoints.save(step)
+                break
         if checkpoints.due(step) or step == total_steps:
             checkpoints.save(step)
     progress.close()
     if evaluated_at != step:
         sync_export_model()
-        metrics = evaluate(export_model, heads, eval_data, metrics_fn)
+        metrics = evaluation(step)
+    if weights_fn is not None and heads:
+        _record_final_weights(heads, weights_fn, step, metrics, export_model)
     summaries.close()
     return TrainResult(export_model, kinds, heads, stats, metrics, step)
+
+
+def _module_optimizers(module, ctx, schedule, models, config) -> dict:
+    """A train_step module's optimizers (ctx.learning_rates set), with the config's per-optimizer controls: lr_multipliers
+    and float16 loss scaling on each, EMA on the exported model's (under the strategy scope)."""
+    optimizers = module.build_optimizers(ctx, schedule)
+    export_name = getattr(module, "EXPORT_MODEL", None) or next(iter(models))
+    return {name: optimization.prepare(opt, config, models[name].trainable_variables if name in models else [],
+                                       ema=name == export_name) for name, opt in optimizers.items()}
+
+
+def _write_histograms(summaries, step, model, export_model, heads, probe_batch) -> None:
+    """Weights (live, not EMA) and, with heads, gradients and per-layer grad norms on a fixed batch."""
+    export_model.set_weights([keras.ops.convert_to_numpy(v) for v in model.weights])
+    if not heads:  # a train_step module's losses are its own: weights only
+        summaries.histograms(step, {f"weights/{v.path}": keras.ops.convert_to_numpy(v)
+                                    for v in export_model.trainable_variables})
+        return
+    histograms, norms = diagnostics(export_model, heads, probe_batch)
+    summaries.histograms(step, histograms)
+    summaries.scalars("train", step, norms)
+
+
+def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
+    """Head.weight := the module's loss weight at the final step (on the eval losses), so the
+    export records them and the Evaluator computes the same weighted_loss."""
+    losses = {h.name: tf.constant(metrics[f"{h.name}_loss"], tf.float32) for h in heads}
+    weights = weights_fn(tf.constant(step, tf.int64), losses, model)
+    for head in heads:
+        head.weight = float(weights.get(head.name, head.weight))
+
+
+def _steps_to_next_event(step, total_steps, eval_every, checkpoint_every, hist_every, steps_per_loop) -> int:
+    stops = [total_steps, (step // eval_every + 1) * eval_every]
+    if checkpoint_every:
+        stops.append((step // checkpoint_every + 1) * checkpoint_every)
+    if hist_every:
+        stops.append((step // hist_every + 1) * hist_every)
+    return min(steps_per_loop, min(stops) - step)
+
+
+def _log_evaluation(step, steps_per_epoch, total_steps, epochs, since_eval, metrics, out) -> None:
+    """One line per evaluation: the mean train loss over the steps since the last one (the
+    epoch's, with the default eval_every_steps), the eval metrics and the last call's rate."""
+    train_loss = since_eval[0] / since_eval[1] if since_eval[1] else float("nan")
+    shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
+    log.info("epoch %d/%d step %d/%d train_loss=%.4g eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
+             epochs, step, total_steps, train_loss, shown, out["examples_per_sec"])
 
 
 def diagnostics(model: keras.Model, heads: list[Head], batch) -> tuple[dict, dict]:

@@ -4,13 +4,19 @@ A model module is a Python file that may define:
   LABELS: list[str] or dict[str, str]      label columns, one head each (default: data.label); a dict
                                             also declares each head "classification" or "regression"
   build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
-  loss_weights(step: tf.Tensor) -> dict     per-head weights, may depend on the step
-  metrics(targets, outputs) -> dict         extra eval metrics (batch means of tensors)
+  loss_weights(step, losses[, model]) -> dict   per-head weights from the step (a tf.Tensor), this
+                                            batch's per-head losses and the model (e.g. learned
+                                            log-variances); `loss_weights(step)` works too
+  build_metrics(ctx) -> {name: (keras.metrics.Metric, select)}   stateful eval metrics over the whole
+                                            split; select(targets, outputs) -> (y_true, y_pred[, sample_weight])
+  metrics(targets, outputs) -> dict         extra eval metrics as batch means (right for plain means
+                                            only: use build_metrics for AUC, precision...)
 Anything it leaves out falls back to the generic tabular model.
 
 For full control of the step (e.g. a GAN with two optimizers) it may instead define:
   build_models(ctx) -> dict[str, keras.Model]          EXPORT_MODEL names the one to export
-  build_optimizers(ctx, learning_rate) -> dict[str, Optimizer]   keyed like the models they train
+  build_optimizers(ctx, learning_rate) -> dict[str, Optimizer]   keyed like the models they train;
+                                            ctx.learning_rates[name] is each one's schedule
   train_step(step_ctx, features, targets) -> dict[str, tf.Tensor]
 The loop still runs the strategy, steps_per_loop, checkpoints, summaries and evaluation; the
 returned values are logged after a SUM over replicas (so scale them by the global batch).
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +48,9 @@ class ModelContext:
     stats: FeatureStats
     heads: list[Head]
     hparams: dict = field(default_factory=dict)
+    # Per-optimizer learning-rate schedules (trainer.optimizers.<name> over the trainer's keys),
+    # keyed like the models build_models returns; build_optimizers may use them.
+    learning_rates: dict = field(default_factory=dict)
 
     def inputs(self) -> dict[str, keras.KerasTensor]:
         return {
@@ -126,6 +136,23 @@ def module_for_label(module: ModuleType | None, label: str, path: str | None) ->
                     path, sorted(labels), label)
         return None
     return module
+
+
+def loss_weights_hook(module: ModuleType | None):
+    """The module's `loss_weights` as one call `(step, losses, model) -> {head: weight}`, whether
+    it takes (step), (step, losses) or (step, losses, model); None when it has none."""
+    hook = getattr(module, "loss_weights", None)
+    if hook is None:
+        return None
+    params = inspect.signature(hook).parameters.values()
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        count = 3
+    else:
+        count = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if not 1 <= count <= 3:
+        raise ValueError(f"loss_weights must take (step), (step, losses) or (step, losses, model); it takes {count} "
+                         "positional arguments")
+    return lambda step, losses, model: hook(*(step, losses, model)[:count])
 
 
 def declared_head_kinds(module: ModuleType | None) -> dict[str, str]:

@@ -10,21 +10,71 @@ import tensorflow as tf
 from trainer.config import TrainerConfig
 
 
-def learning_rate_schedule(config: TrainerConfig, total_steps: int):
-    if config.lr_schedule == "cosine":
-        decay = config.decay_steps or max(total_steps - config.warmup_steps, 1)
-        if config.warmup_steps:
-            return keras.optimizers.schedules.CosineDecay(
-                0.0, decay, warmup_target=config.learning_rate, warmup_steps=config.warmup_steps
-            )
-        return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay)
-    if config.lr_schedule == "exponential":
-        return keras.optimizers.schedules.ExponentialDecay(config.learning_rate, config.decay_steps or 1000, config.decay_rate)
-    return keras.optimizers.schedules.ExponentialDecay(config.learning_rate, 1, 1.0)  # constant, still a schedule
+class FromStepOne(keras.optimizers.schedules.LearningRateSchedule):
+    """The optimizer calls its schedule with the updates it has made (0 before the first); the
+    loop numbers steps from 1. Update k uses step k's rate, so a warm-up's first update is not 0
+    and the rate the loop logs (read from the optimizer before it applies) is the one applied."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+
+    def __call__(self, iterations):
+        return self.schedule(iterations + 1)
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule)}
 
 
-def current_learning_rate(schedule, step) -> tf.Tensor:
-    return tf.cast(schedule(step), tf.float32)
+class Triangular(keras.optimizers.schedules.LearningRateSchedule):
+    """Cyclical learning rate (Smith, 2017): from `low` up to `high` and back down every `cycle_steps`."""
+
+    def __init__(self, low: float, high: float, cycle_steps: int):
+        self.low, self.high, self.cycle_steps = low, high, cycle_steps
+
+    def __call__(self, step):
+        phase = tf.math.floormod(tf.cast(step, tf.float32), float(self.cycle_steps)) / self.cycle_steps
+        return self.low + (self.high - self.low) * (1.0 - tf.abs(2.0 * phase - 1.0))
+
+    def get_config(self):
+        return {"low": self.low, "high": self.high, "cycle_steps": self.cycle_steps}
+
+
+def _base_schedule(settings, total_steps: int):
+    """`settings`: the trainer config, or one optimizer's section of it (same key names)."""
+    rate = settings.learning_rate
+    if settings.lr_schedule == "cosine":
+        decay = settings.decay_steps or max(total_steps - settings.warmup_steps, 1)
+        if settings.warmup_steps:
+            return keras.optimizers.schedules.CosineDecay(0.0, decay, warmup_target=rate, warmup_steps=settings.warmup_steps)
+        return keras.optimizers.schedules.CosineDecay(rate, decay)
+    if settings.lr_schedule == "exponential":
+        return keras.optimizers.schedules.ExponentialDecay(rate, settings.decay_steps or 1000, settings.decay_rate)
+    if settings.lr_schedule == "triangular":
+        return Triangular(settings.min_learning_rate, rate, settings.cycle_steps)
+    return keras.optimizers.schedules.ExponentialDecay(rate, 1, 1.0)  # constant, still a schedule
+
+
+def learning_rate_schedule(settings, total_steps: int) -> FromStepOne:
+    """The schedule an optimizer takes: step k's rate for its k-th update."""
+    return FromStepOne(_base_schedule(settings, total_steps))
+
+
+def optimizer_schedules(config: TrainerConfig, names, total_steps: int) -> dict[str, FromStepOne]:
+    """A schedule per optimizer name: `trainer.optimizers.<name>` keys override the trainer's for it."""
+    unknown = sorted(set(config.optimizers) - set(names))
+    if unknown:
+        raise ValueError(f"trainer.optimizers names {unknown}, but the module's optimizers are {sorted(names)}")
+    schedules = {}
+    for name in names:
+        overrides = config.optimizers.get(name)
+        settings = config.model_copy(update=overrides.model_dump(exclude_none=True)) if overrides else config
+        schedules[name] = learning_rate_schedule(settings, total_steps)
+    return schedules
+
+
+def applied_learning_rate(optimizer) -> tf.Tensor:
+    """The rate the optimizer's next update uses (read before it applies)."""
+    return tf.cast(inner(optimizer).learning_rate, tf.float32)
 
 
 def lr_multiplier_list(variables, patterns: dict[str, float]) -> list[float]:
@@ -55,14 +105,20 @@ def with_lr_multipliers(optimizer: keras.optimizers.Optimizer, factors: list[flo
 
 
 def make_optimizer(config: TrainerConfig, schedule, variables) -> keras.optimizers.Optimizer:
-    """Adam on the schedule, with Keras' built-in EMA of the weights when `ema_decay` is set and
-    a LossScaleOptimizer around it under mixed_float16. Build it under the strategy scope."""
-    optimizer = keras.optimizers.Adam(
-        schedule, use_ema=config.ema_decay is not None, ema_momentum=config.ema_decay or 0.99
-    )
+    """The loop's own optimizer: Adam on the schedule, with the config's controls (prepare)."""
+    return prepare(keras.optimizers.Adam(schedule), config, variables, ema=True)
+
+
+def prepare(optimizer: keras.optimizers.Optimizer, config: TrainerConfig, variables, ema: bool):
+    """The config's per-optimizer controls on an (unbuilt) optimizer, which is then built: Keras'
+    EMA of the weights when `ema` and ema_decay is set, lr_multipliers, and a LossScaleOptimizer
+    around it under mixed_float16. Call it under the strategy scope."""
+    if ema and config.ema_decay is not None:
+        opt = inner(optimizer)
+        opt.use_ema, opt.ema_momentum = True, config.ema_decay
     if config.lr_multipliers:
-        with_lr_multipliers(optimizer, lr_multiplier_list(variables, config.lr_multipliers))
-    if config.precision == "mixed_float16":
+        with_lr_multipliers(inner(optimizer), lr_multiplier_list(variables, config.lr_multipliers))
+    if config.precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     optimizer.build(variables)  # before the first strategy.run (keras-team/keras#23085)
     return optimizer

@@ -16,8 +16,9 @@ log = logging.getLogger("loopline.trainer")
 
 
 def _metadata(plugin: str) -> bytes:
-    # tf.summary.scalar/histogram live in the tensorboard package, which the stack leaves out;
-    # tf.summary.write with the plugin's metadata writes the same records TensorBoard reads.
+    # tf.summary.write with the plugin's metadata writes the records tf.summary.scalar/histogram
+    # (from the tensorboard package) write, without needing that package to train; a test reads
+    # them back with TensorBoard's own event reader.
     meta = summary_pb2.SummaryMetadata()
     meta.plugin_data.plugin_name = plugin
     meta.plugin_data.content = b""

@@ -1,5 +1,6 @@
 """A small GAN on 2-D points: two models, two optimizers, one custom `train_step`, trained by
-the same loop (strategy, steps_per_loop, checkpoints, summaries) as any other module.
+the same loop (strategy, steps_per_loop, checkpoints, summaries, the step's controls through the
+StepContext helpers) as any other module.
 
 The data is any TFRecord split with float features `x` and `y`; no labels.
 """
@@ -22,8 +23,9 @@ def build_models(ctx):
 
 
 def build_optimizers(ctx, learning_rate):
-    return {"generator": keras.optimizers.Adam(learning_rate, beta_1=0.5),
-            "discriminator": keras.optimizers.Adam(learning_rate, beta_1=0.5)}
+    # ctx.learning_rates: each optimizer's schedule, trainer.optimizers.<name> over the trainer's
+    # learning-rate keys (e.g. trainer.optimizers.discriminator.learning_rate: 0.004).
+    return {name: keras.optimizers.Adam(ctx.learning_rates[name], beta_1=0.5) for name in ("generator", "discriminator")}
 
 
 def _bce(logits, label):
@@ -31,21 +33,24 @@ def _bce(logits, label):
 
 
 def train_step(ctx, features, targets):
+    """One discriminator update, then one generator update, each through ctx.minimize, so the
+    loop's controls apply to both (grad_accum_steps, clip_norm, float16 loss scaling, nan_policy;
+    lr_multipliers and EMA of the exported generator live in the optimizers)."""
     generator, discriminator = ctx.models["generator"], ctx.models["discriminator"]
-    real = tf.concat([features["x"], features["y"]], axis=-1)
-    noise = ctx.rng.normal([tf.shape(real)[0], NOISE])
 
-    with tf.GradientTape() as tape:
-        fake = generator(noise, training=True)
+    def noise_like(features):
+        return ctx.rng.normal([tf.shape(features["x"])[0], NOISE])
+
+    def d_loss(features, targets):
+        real = tf.concat([features["x"], features["y"]], axis=-1)
+        fake = generator(noise_like(features), training=True)
         per_example = _bce(discriminator(real, training=True), 1.0) + _bce(discriminator(fake, training=True), 0.0)
-        d_loss = tf.nn.compute_average_loss(per_example, global_batch_size=ctx.global_batch_size)
-    grads = tape.gradient(d_loss, discriminator.trainable_variables)
-    ctx.optimizers["discriminator"].apply(grads, discriminator.trainable_variables)
+        return tf.nn.compute_average_loss(per_example, global_batch_size=ctx.global_batch_size)
 
-    with tf.GradientTape() as tape:
-        fake = generator(noise, training=True)
-        g_loss = tf.nn.compute_average_loss(_bce(discriminator(fake, training=True), 1.0),
-                                            global_batch_size=ctx.global_batch_size)
-    grads = tape.gradient(g_loss, generator.trainable_variables)
-    ctx.optimizers["generator"].apply(grads, generator.trainable_variables)
-    return {"discriminator_loss": d_loss, "generator_loss": g_loss}
+    def g_loss(features, targets):
+        fake = generator(noise_like(features), training=True)
+        return tf.nn.compute_average_loss(_bce(discriminator(fake, training=True), 1.0),
+                                          global_batch_size=ctx.global_batch_size)
+
+    return {"discriminator_loss": ctx.minimize("discriminator", d_loss),
+            "generator_loss": ctx.minimize("generator", g_loss)}

@@ -26,9 +26,12 @@ def loss_weights(step):
     return {"species": 1.0, "body_mass_g": REGRESSION_WEIGHT * ramp}
 
 
-def metrics(targets, outputs):
-    """Mean absolute error of the body-mass head, in grams (labelled rows only)."""
-    target = targets["body_mass_g"]
-    mask = tf.cast(~tf.math.is_nan(target), tf.float32)
-    error = tf.abs(tf.reshape(outputs["body_mass_g"], [-1]) - tf.where(mask > 0, target, 0.0)) * mask
-    return {"body_mass_g_mae": tf.reduce_sum(error) / tf.maximum(tf.reduce_sum(mask), 1.0)}
+def build_metrics(ctx):
+    """Mean absolute error of the body-mass head in grams, over the whole split (labelled rows only)."""
+    def body_mass(targets, outputs):
+        target = targets["body_mass_g"]
+        labelled = tf.math.is_finite(target)
+        return (tf.reshape(tf.where(labelled, target, 0.0), [-1, 1]), tf.reshape(outputs["body_mass_g"], [-1, 1]),
+                tf.cast(labelled, tf.float32))
+
+    return {"body_mass_g_mae": (keras.metrics.MeanAbsoluteError(), body_mass)}

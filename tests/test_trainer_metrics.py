@@ -1,0 +1,166 @@
+"""Metrics: one direction rule for every metric name; stateful keras.metrics over a whole split
+(an AUC matches scikit-learn's); training accuracy per classification head; the speed settings'
+auto defaults."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import roc_auc_score
+
+from tests.trainer_data import binary_splits, regression_splits
+from tests.trainer_modules import Recorder
+from trainer.config import TrainerConfig
+from trainer.evaluation import decide
+from trainer.export_config import EvaluatorConfig
+from trainer.heads import higher_is_better
+from trainer.inputs import make_dataset
+from trainer.loop import EarlyStopping, train
+from trainer.speed import Speed, resolve_speed
+
+
+def test_one_direction_rule_for_early_stopping_and_blessing():
+    for name in ("species_accuracy", "auc", "label_auc_pos", "precision", "recall", "macro_f1"):
+        assert higher_is_better(name), name
+    for name in ("loss", "weighted_loss", "target_rmse", "body_mass_g_mae", "species_loss"):
+        assert not higher_is_better(name), name
+    stopping = EarlyStopping("label_auc", patience=1)
+    assert not stopping.should_stop({"label_auc": 0.80}, 1)
+    assert not stopping.should_stop({"label_auc": 0.85}, 2)  # higher: an improvement
+    assert stopping.should_stop({"label_auc": 0.84}, 3)
+    config = EvaluatorConfig(regression_metrics=["label_auc"], relative_tolerance=0.0, absolute_tolerance=0.01)
+    assert not decide({"label_auc": 0.80}, {"label_auc": 0.90}, config).blessed
+    assert decide({"label_auc": 0.95}, {"label_auc": 0.90}, config).blessed
+
+
+AUC_MODULE = '''
+import keras
+import tensorflow as tf
+
+LABELS = {"label": "classification"}
+
+
+def build_metrics(ctx):
+    def positive_scores(targets, outputs):  # vocabulary ["neg", "pos"]: index 1 is "pos"
+        labelled = tf.cast(targets["label"] >= 0, tf.float32)
+        return tf.cast(targets["label"] == 1, tf.float32), outputs["label"][:, 1], labelled
+
+    return {"label_auc": (keras.metrics.AUC(num_thresholds=2000), positive_scores)}
+'''
+
+
+def test_stateful_auc_over_the_whole_split_matches_sklearn(tmp_path):
+    splits = binary_splits(tmp_path / "data")
+    module = tmp_path / "auc.py"
+    module.write_text(AUC_MODULE)
+    recorder = Recorder()
+    result = train(TrainerConfig(module_file=str(module), epochs=3, batch_size=32), *splits, "label",
+                   metric_sinks=[recorder])
+    head = result.heads[0]
+    data = make_dataset(splits[1], {**result.kinds, "label": "string"}, result.heads, 32)
+    labels, scores, batch_aucs = [], [], []
+    for features, targets in data:
+        batch_labels, batch_scores = targets["label"].numpy() == 1, result.model(features)["label"].numpy()[:, 1]
+        labels.append(batch_labels)
+        scores.append(batch_scores)
+        batch_aucs.append(roc_auc_score(batch_labels, batch_scores))
+    whole = roc_auc_score(np.concatenate(labels), np.concatenate(scores))
+    assert head.vocabulary == ["neg", "pos"] and 0.6 < whole < 0.95
+    assert result.metrics["label_auc"] == pytest.approx(whole, abs=1e-3)
+    assert abs(np.mean(batch_aucs) - whole) > 1e-3  # batch means would not have passed
+    accuracy = recorder.series("label_accuracy")  # training accuracy, per call
+    assert len(accuracy) > 1 and 0.6 < accuracy[-1] <= 1.0 and accuracy[-1] > accuracy[0]
+
+
+def test_speed_auto_picks_the_fast_settings_where_safe():
+    auto = TrainerConfig()
+    assert (auto.jit_compile, auto.steps_per_loop) == ("auto", "auto")
+    assert resolve_speed(auto, 1, False, False, 100) == Speed(True, 32)
+    assert resolve_speed(auto, 1, False, False, 10) == Speed(True, 10)  # the epoch, when shorter
+    assert resolve_speed(auto, 2, False, False, 100) == Speed(False, 32)  # replicas: XLA off
+    assert resolve_speed(auto, 1, False, True, 100) == Speed(False, 32)  # train_step override: XLA off
+    assert resolve_speed(TrainerConfig(debug=True), 1, False, False, 100) == Speed(False, 1)
+    explicit = TrainerConfig(jit_compile=False, steps_per_loop=5)
+    assert resolve_speed(explicit, 1, False, False, 100) == Speed(False, 5)
+    with pytest.raises(ValueError, match="trainer.jit_compile=true cannot apply with trainer.debug=true"):
+        resolve_speed(TrainerConfig(jit_compile=True, debug=True), 1, False, False, 100)
+    with pytest.raises(ValueError, match="trainer.jit_compile does not work with 2 replicas on CPU"):
+        resolve_speed(TrainerConfig(jit_compile=True), 2, True, False, 100)
+
+
+def test_config_accepts_auto_or_explicit_speed_settings():
+    from pipeline.config import ConfigError, load_config
+
+    config = load_config(None, ["trainer.jit_compile=true", "trainer.steps_per_loop=8"])
+    assert (config.trainer.jit_compile, config.trainer.steps_per_loop) == (True, 8)
+    assert load_config(None, ["trainer.steps_per_loop=auto"]).trainer.steps_per_loop == "auto"
+    with pytest.raises(ConfigError, match="trainer.steps_per_loop"):
+        load_config(None, ["trainer.steps_per_loop=0"])
+
+
+def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
+    splits = regression_splits(tmp_path / "data")
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        train(TrainerConfig(epochs=1), *splits, "target")
+    assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
+    assert tf.config.functions_run_eagerly() is False
+
+
+def test_weighted_loss_from_the_heads_weights_and_loss_unweighted():
+    from trainer.heads import CLASSIFICATION, REGRESSION, Head, HeadTotals
+
+    heads = [Head("a", CLASSIFICATION, vocabulary=["x", "y"]), Head("b", REGRESSION, std=2.0)]
+    targets = {"a": tf.constant([0, 1]), "b": tf.constant([1.0, 3.0])}
+    outputs = {"a": tf.constant([[0.9, 0.1], [0.2, 0.8]]), "b": tf.constant([[1.0], [1.0]])}
+    plain = HeadTotals(heads)
+    plain.add(targets, outputs)
+    assert "weighted_loss" not in plain.metrics()
+    heads[1].weight = 0.25
+    weighted = HeadTotals(heads)
+    weighted.add(targets, outputs)
+    m = weighted.metrics()
+    assert m["loss"] == pytest.approx(m["a_loss"] + m["b_loss"]) and m["b_loss"] == pytest.approx(0.5)
+    assert m["weighted_loss"] == pytest.approx(m["a_loss"] + 0.25 * m["b_loss"])
+
+
+def test_per_optimizer_keys_survive_the_components_json_round_trip():
+    """The Trainer component gets the trainer section as JSON: unset per-optimizer keys (null
+    there) still take the trainer-level values."""
+    from trainer.optimization import optimizer_schedules
+
+    config = TrainerConfig(learning_rate=0.01, optimizers={"discriminator": {"learning_rate": 0.004}})
+    config = TrainerConfig.model_validate_json(config.model_dump_json())
+    rates = optimizer_schedules(config, ["generator", "discriminator"], 100)
+    assert float(rates["generator"](0)) == pytest.approx(0.01)
+    assert float(rates["discriminator"](0)) == pytest.approx(0.004)
+
+
+NO_ENCODER_LAYER = '''
+import keras
+from trainer.features import TabularEncoder
+
+
+def build_model(ctx):
+    inputs = ctx.inputs()
+    numbers = {k: v for k, v in ctx.stats.numbers.items() if k in ctx.kinds}
+    strings = {k: v for k, v in ctx.stats.strings.items() if k in ctx.kinds}
+    x = TabularEncoder(numbers, strings, name="features")(inputs)  # not named "encoder"
+    return keras.Model(inputs, {h.name: h.output_layer(keras.layers.Dense(8)(x)) for h in ctx.heads})
+'''
+
+
+def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog):
+    from tests.conftest import REPO
+    from trainer.csv_examples import csv_to_tfrecords
+
+    splits = csv_to_tfrecords(str(REPO / "data" / "penguins.csv"), str(tmp_path / "data"))
+    module = tmp_path / "no_encoder.py"
+    module.write_text(NO_ENCODER_LAYER)
+    config = TrainerConfig(module_file=str(module), epochs=1, max_steps=2)
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        assert train(config, *splits, "species").steps == 2
+    assert "trainer.jit_compile=auto: XLA off (trainer.jit_compile: XLA cannot compile the string features" in caplog.text
+    with pytest.raises(ValueError, match="no single 'encoder' layer"):
+        train(config.model_copy(update={"jit_compile": True}), *splits, "species")
