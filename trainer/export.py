@@ -192,8 +192,9 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
                  config: ExportConfig, default: str | None = None) -> dict:
     """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
     and the report (`export_report.json`/`.md` in `artifact_dir`). `default`: the head behind
-    `serving_default` (data.label). Raises tflite.ParityError, after writing the report, when a
-    variant is over its tolerance."""
+    `serving_default` (data.label). A variant over its tolerance is dropped (file removed, the miss
+    in the report); when it is one of `config.required_variants`, tflite.ParityError is raised
+    after the report is written."""
     model = float32_model(model)
     export_saved_model(model, kinds, heads, serving_dir, default)
     eval_examples = read_examples(eval_pattern, config.parity_examples)
@@ -232,11 +233,28 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         log.info("tflite %s: %d bytes, max abs diff %s, %s", variant, result.size_bytes, result.max_abs_diff,
                  "parity ok" if result.passed else "; ".join(result.problems))
         results.append(result)
+    required = [r for r in results if not r.passed and r.variant in config.required_variants]
+    for result in results:
+        if not result.passed and result.variant not in config.required_variants:
+            _drop(result)
     report["tflite"] = [r.to_json() for r in results]
     write_report(artifact_dir, report)
-    if any(not r.passed for r in results):
-        raise tflite.ParityError(results)
+    if required:
+        raise tflite.ParityError(required)
     return report
+
+
+def _drop(result: tflite.VariantReport) -> None:
+    """A variant that missed parity and is not required: served nowhere, so its file goes."""
+    if result.path and tf.io.gfile.exists(result.path):
+        tf.io.gfile.remove(result.path)
+    result.dropped = True
+    log.warning("tflite %s dropped (not in export.required_variants): %s", result.variant, "; ".join(result.problems))
+
+
+def dropped_variants(report: dict) -> dict[str, str]:
+    """{variant: why} for the variants an export report says were dropped."""
+    return {v["variant"]: "; ".join(v["problems"]) for v in report.get("tflite", []) if v.get("dropped")}
 
 
 def write_report(folder: str, report: dict, blessing: dict | None = None) -> None:
@@ -262,7 +280,7 @@ def report_markdown(report: dict) -> str:
         delta = ", ".join(f"{k} {x:.2g}" for k, x in v["metric_delta"].items())
         latency = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else "-"
         lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {latency} | "
-                     f"{'ok' if v['passed'] else 'FAILED: ' + '; '.join(v['problems'])} |")
+                     f"{_parity_cell(v)} |")
     lines += ["", "## Eval metrics", ""]
     lines += [f"- {k}: {v:.4g}" for k, v in sorted(report["metrics"].items())]
     blessing = report.get("blessing")
@@ -270,3 +288,9 @@ def report_markdown(report: dict) -> str:
         lines += ["", "## Blessing", "", f"**{'blessed' if blessing['blessed'] else 'not blessed'}**", ""]
         lines += [f"- {r}" for r in blessing["reasons"]]
     return "\n".join(lines) + "\n"
+
+
+def _parity_cell(variant: dict) -> str:
+    if variant["passed"]:
+        return "ok"
+    return ("DROPPED: " if variant.get("dropped") else "FAILED: ") + "; ".join(variant["problems"])
