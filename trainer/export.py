@@ -6,7 +6,8 @@
 - `serving_default`: the default head's (`data.label`'s) classify or regress signature.
 - `predict` (method predict): input `inputs`, every head's outputs as `<head>_classes`,
   `<head>_scores`, `<head>_outputs`.
-- `predict_raw`: one `[batch, 1]` tensor per feature (float32 numbers, strings), JSON friendly;
+- `predict_raw`: one `[batch, ...feature shape]` tensor per feature (float32 numbers and decoded
+  images, strings), JSON friendly;
   outputs named as `named_outputs` says.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import tensorflow as tf
 from serving import signature_names as names
 from trainer.evaluation import label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
-from trainer.features import FeatureKinds, is_number, parse_examples
+from trainer.features import FeatureKinds, feature_shape, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
 from trainer import tflite
 from trainer.warmup import write_warmup
@@ -50,7 +51,7 @@ def named_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str,
 
 def raw_input_spec(kinds: FeatureKinds) -> dict[str, tf.TensorSpec]:
     return {
-        name: tf.TensorSpec([None, 1], tf.float32 if is_number(kind) else tf.string, name=name)
+        name: tf.TensorSpec([None, *feature_shape(kind)], tf.float32 if is_number(kind) else tf.string, name=name)
         for name, kind in kinds.items()
     }
 

@@ -19,8 +19,8 @@ import tensorflow as tf
 from trainer import optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
-from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
-from trainer.heads import Head, HeadTotals
+from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
+from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
@@ -28,8 +28,9 @@ from trainer.model import (
     declared_head_kinds,
     label_names,
     load_module,
+    head_kinds,
     make_head,
-    module_for_label,
+    module_for_data,
     split_at_encoder,
 )
 from trainer.strategy import is_chief, make_strategy
@@ -122,20 +123,23 @@ def train(
     metric_sinks: Sequence[MetricSink] = (),
     kinds: FeatureKinds | None = None,
     work_dir: str | None = None,
+    label_kind: str = "auto",
+    max_classes: int | None = None,
 ) -> TrainResult:
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns).
+    `label_kind` and `max_classes` are data.label_kind and data.max_classes (`model.head_kinds`).
 
     With `work_dir`, checkpoints go to `<work_dir>/checkpoints` (and a run there resumes from
     the latest one) and TensorBoard summaries to `<work_dir>/tensorboard/{train,eval}`.
     """
     _configure_runtime(config)
     try:
-        return _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds)
+        return _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds, label_kind, max_classes)
     finally:
         _reset_runtime(config)
 
 
-def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds) -> TrainResult:
+def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds, label_kind, max_classes) -> TrainResult:
     strategy = make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
     if config.jit_compile and replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices):
@@ -144,21 +148,20 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
                          f"{config.strategy}: XLA has no cross-replica collectives on CPU); set "
                          "trainer.jit_compile=false or train on one device")
     chief = is_chief(strategy)
-    module = module_for_label(load_module(config.module_file), label, config.module_file)
-    custom_step = getattr(module, "train_step", None)
-
     # What the data holds: feature kinds (from the schema when given), statistics, one head per label.
-    all_kinds = dict(kinds) if kinds else infer_feature_kinds(train_pattern)
+    all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
+    module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
+    custom_step = getattr(module, "train_step", None)
     labels = label_names(module, label)
     for name in labels:
         if name not in all_kinds:
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
     # A split that fits in memory is parsed once: the statistics and the training stream share it.
     columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size)
+    label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
     stats = compute_stats(column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds),
-                          all_kinds)
-    declared = declared_head_kinds(module)
-    heads = [make_head(name, all_kinds[name], stats, declared.get(name)) for name in labels]
+                          all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
+    heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     kinds = {k: v for k, v in all_kinds.items() if k not in labels}
     if config.batch_size % replicas:
         raise ValueError(f"trainer.batch_size={config.batch_size} must divide evenly across {replicas} replicas")
@@ -206,7 +209,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     # XLA cannot compile strings: with jit_compile and string features, the encoder (constants,
     # no weights) runs in tf.data and the compiled step trains the layers after it.
     stepped = model
-    if config.jit_compile and custom_step is None and any(kind == "string" for kind in kinds.values()):
+    if config.jit_compile and custom_step is None and any(not is_number(kind) for kind in kinds.values()):
         encoder, stepped = split_at_encoder(model, kinds)
         dataset = dataset.map(lambda features, targets: (encoder(features), targets),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
