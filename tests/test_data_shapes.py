@@ -1,0 +1,168 @@
+"""Features of every shape and labels of every kind, on small tf.Examples written here: fixed
+shapes, variable-length lists of numbers and strings, encoded PNG images; integer class labels,
+the class cap and unseen classes; nothing cut without an error naming the feature."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.config import TrainerConfig
+from trainer.export import export_saved_model
+from trainer.export_config import ExportConfig
+from trainer.features import compute_stats, infer_feature_kinds, kinds_from_schema, parse_examples
+from trainer.heads import UNSEEN_LABEL
+from trainer.loop import train
+from trainer.model import head_kinds, make_head
+
+
+def png(pixels: np.ndarray) -> bytes:
+    return tf.io.encode_png(pixels.astype(np.uint8)[..., np.newaxis]).numpy()
+
+
+def example(**features) -> bytes:
+    out = tf.train.Example()
+    for name, values in features.items():
+        values = list(np.asarray(values).reshape(-1)) if not isinstance(values, list) else values
+        feature = out.features.feature[name]
+        if values and isinstance(values[0], (bytes, str)):
+            feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else v for v in values)
+        elif values and isinstance(values[0], (int, np.integer)):
+            feature.int64_list.value.extend(int(v) for v in values)
+        else:
+            feature.float_list.value.extend(float(v) for v in values)
+    return out.SerializeToString()
+
+
+def write(path: str, records: list[bytes]) -> str:
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for record in records:
+            writer.write(record)
+    return path
+
+
+def shaped_rows(rng: np.random.Generator, count: int, classes: int = 3) -> list[bytes]:
+    """The class (an int64 0..classes-1) shows in every feature: a bright 4x4 image quadrant, the
+    mean of a 2x3 grid, the length of a number list and a word in a string list."""
+    rows = []
+    for _ in range(count):
+        label = int(rng.integers(classes))
+        image = rng.integers(0, 40, (4, 4))
+        image[label % 2 * 2:label % 2 * 2 + 2, label // 2 * 2:label // 2 * 2 + 2] = 250
+        rows.append(example(
+            image=[png(image)],
+            grid=(rng.normal(size=(2, 3)) + label).astype(np.float32),
+            numbers=rng.normal(size=label + 1).astype(np.float32),
+            words=[f"w{label}", "common"][: 1 + int(rng.integers(2))],
+            label=[label],
+        ))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("shaped"))
+    rng = np.random.default_rng(0)
+    return (write(os.path.join(folder, "train.gz"), shaped_rows(rng, 192)),
+            write(os.path.join(folder, "eval.gz"), shaped_rows(rng, 48)))
+
+
+def test_kinds_are_inferred_with_their_shapes(shaped):
+    kinds = infer_feature_kinds(shaped[0])
+    assert kinds == {"grid": "float32[6]", "image": "image[4,4,1]", "label": "int64",
+                     "numbers": "float32[:3]", "words": "string[:2]"}
+    records = [r for r in tf.data.TFRecordDataset(shaped[0], "GZIP").take(4).as_numpy_iterator()]
+    parsed = parse_examples(tf.constant(records), {**kinds, "grid": "float32[2,3]"})
+    assert parsed["grid"].shape == (4, 2, 3)
+    assert parsed["image"].shape == (4, 4, 4, 1) and float(tf.reduce_max(parsed["image"])) == pytest.approx(250 / 255)
+    assert parsed["numbers"].shape == (4, 3) and parsed["words"].shape == (4, 2)
+    lengths = np.isfinite(parsed["numbers"].numpy()).sum(axis=1)  # the rest padded as missing
+    assert list(lengths - 1) == list(parsed["label"].numpy()[:, 0].astype(int))
+
+
+@pytest.mark.parametrize("kind, values, problem", [
+    ("float32", [1.0, 2.0], "more than 1 value"),  # a scalar column holding a list
+    ("float32[:2]", [1.0, 2.0, 3.0], "more than 2 value"),
+    ("float32[2,2]", [1.0, 2.0, 3.0], "another count than 4"),
+])
+def test_nothing_is_cut_silently(kind, values, problem):
+    records = tf.constant([example(x=[1.0]), example(**{"sepal length (cm)": values})])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"feature 'sepal length \(cm\)'.*{problem}"):
+        parse_examples(records, {"sepal length (cm)": kind})
+
+
+def test_an_image_of_another_size_is_an_error_naming_the_feature():
+    records = tf.constant([example(photo=[png(np.zeros((4, 4)))]), example(photo=[png(np.zeros((5, 4)))])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'photo': an image is not 4x4"):
+        parse_examples(records, {"photo": "image[4,4,1]"})
+
+
+def test_schema_shapes_lists_and_image_domain_give_kinds():
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    schema = text_format.Parse("""
+        feature { name: "pixels" type: FLOAT shape { dim { size: 8 } dim { size: 8 } } }
+        feature { name: "tags" type: BYTES value_count { min: 0 max: 7 } }
+        feature { name: "photo" type: BYTES image_domain {} }
+        feature { name: "age" type: INT value_count { min: 1 max: 1 } }
+    """, schema_pb2.Schema())
+    assert kinds_from_schema(schema) == {"age": "int64", "photo": "image", "pixels": "float32[8,8]",
+                                         "tags": "string[:7]"}
+
+
+def test_every_shape_trains_and_exports(shaped, tmp_path):
+    """Integer labels declared classification; the export's serving_default decodes the PNGs in
+    the graph and predict_raw takes the decoded image."""
+    config = TrainerConfig(epochs=12, batch_size=32, learning_rate=0.01, tensorboard=False)
+    result = train(config, *shaped, "label", label_kind="classification")
+    head = result.heads[0]
+    assert head.kind == "classification" and head.vocabulary == ["0", "1", "2"]
+    assert result.metrics["label_accuracy"] > 0.9
+    assert result.metrics["label_unseen_label_examples"] == 0
+    export_dir = export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "export"), "label")
+    loaded = tf.saved_model.load(export_dir)
+    records = [r for r in tf.data.TFRecordDataset(shaped[1], "GZIP").take(8).as_numpy_iterator()]
+    served = loaded.signatures["serving_default"](inputs=tf.constant(records))
+    raw_inputs = parse_examples(tf.constant(records), result.kinds)
+    raw = loaded.signatures["predict_raw"](**raw_inputs)
+    assert raw_inputs["image"].shape == (8, 4, 4, 1)
+    np.testing.assert_allclose(served["scores"].numpy(), raw["scores"].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_label_kind_rules():
+    kinds = {"n": "int64", "s": "string", "v": "float32[:3]"}
+    assert head_kinds(["n", "s"], kinds, {}, "auto") == {"n": "regression", "s": "classification"}
+    assert head_kinds(["n"], kinds, {}, "classification") == {"n": "classification"}
+    assert head_kinds(["n"], kinds, {"n": "classification"}, "auto") == {"n": "classification"}
+    with pytest.raises(ValueError, match="label 'n': the model module declares regression, but data.label_kind is classification"):
+        head_kinds(["n"], kinds, {"n": "regression"}, "classification")
+    with pytest.raises(ValueError, match="label 's': regression is asked for, but the data holds strings"):
+        head_kinds(["s"], kinds, {}, "regression")
+    with pytest.raises(ValueError, match="label 'v' is a float32\\[:3\\] feature"):
+        head_kinds(["v"], kinds, {}, "auto")
+
+
+def test_no_silent_class_cap_and_max_classes_counts_what_it_drops(caplog):
+    labels = np.array([[f"c{i:03d}"] for i in range(150)] + [["c000"]] * 10, dtype=object)
+    stats = compute_stats([{"y": labels.astype(bytes)}], {"y": "string"}, classes=["y"])
+    assert len(make_head("y", "string", stats, "classification").vocabulary) == 150
+    capped = make_head("y", "string", stats, "classification", max_classes=100)
+    assert len(capped.vocabulary) == 100 and "c000" in capped.vocabulary
+    assert "50 training row(s) of the other classes are left out" in caplog.text
+
+
+def test_unseen_eval_class_is_counted_apart_from_missing():
+    from trainer.heads import Head, HeadTotals
+
+    head = Head("y", "classification", vocabulary=["1", "2"], label_dtype="int64")
+    targets = head.encode_label(tf.constant([[1.0], [2.0], [7.0], [np.nan]]))
+    assert targets.numpy().tolist() == [0, 1, UNSEEN_LABEL, -1]
+    totals = HeadTotals([head])
+    totals.add({"y": targets}, {"y": tf.constant([[0.9, 0.1]] * 4)})
+    metrics = totals.metrics()
+    assert metrics["y_unseen_label_examples"] == 1 and metrics["y_examples"] == 2
+    assert metrics["y_accuracy"] == 0.5
