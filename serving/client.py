@@ -141,6 +141,9 @@ class RestClient:
 
 
 def predict_rows(rows: list[dict], model: str, client, signature: str = RAW_SIGNATURE) -> list[str]:
+    """Rows keyed by the data's column names ("sepal length (cm)") or by the signature's input
+    names ("sepal_length_cm"): names.signature_name maps one to the other."""
+    rows = [{names.signature_name(key): value for key, value in row.items()} for row in rows]
     dtypes = client.input_dtypes(model, signature)
     outputs = client.predict(model, rows_to_columns(rows, dtypes), signature)
     return describe(outputs)

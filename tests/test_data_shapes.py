@@ -166,3 +166,43 @@ def test_unseen_eval_class_is_counted_apart_from_missing():
     metrics = totals.metrics()
     assert metrics["y_unseen_label_examples"] == 1 and metrics["y_examples"] == 2
     assert metrics["y_accuracy"] == 0.5
+
+
+def test_column_names_of_every_kind_work_end_to_end(tmp_path):
+    """Spaces, parentheses, dots, dashes and non-ASCII letters: one rule names the inputs and
+    heads; the mapping is in loopline_signature.json; the pyfunc takes the original names."""
+    import json
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from serving.signature_names import signature_names_of
+    from tracking.pyfunc_model import SavedModelPyfunc
+
+    rng = np.random.default_rng(1)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            y = int(rng.integers(2))
+            out.append(example(**{"sepal length (cm)": [float(3 * y + rng.normal())], "pétale.größe-x": [f"v{y}"],
+                                  "class name": [f"k{y}"]}))
+        return out
+
+    train_file = write(str(tmp_path / "t.gz"), rows(128))
+    eval_file = write(str(tmp_path / "e.gz"), rows(32))
+    result = train(TrainerConfig(epochs=3, batch_size=32, tensorboard=False), train_file, eval_file, "class name")
+    assert result.heads[0].name == "class_name" and result.heads[0].label_column == "class name"
+    assert result.metrics["class_name_accuracy"] > 0.9
+    export_dir = export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "export"), "class name")
+    raw = tf.saved_model.load(export_dir).signatures["predict_raw"]
+    assert sorted(raw.structured_input_signature[1]) == ["petale_groe_x", "sepal_length_cm"]
+    description = json.loads((tmp_path / "export/assets.extra/loopline_signature.json").read_text())
+    assert description["signature_names"] == {"class name": "class_name", "pétale.größe-x": "petale_groe_x",
+                                              "sepal length (cm)": "sepal_length_cm"}
+    pyfunc = SavedModelPyfunc()
+    pyfunc.load_context(SimpleNamespace(artifacts={"saved_model": export_dir}))
+    answers = pyfunc.predict(None, pd.DataFrame({"sepal length (cm)": [0.0, 3.0], "pétale.größe-x": ["v0", "v1"]}))
+    assert list(answers["class_name"]) == ["k0", "k1"]
+    with pytest.raises(ValueError, match="columns 'a b' and 'a-b' both become 'a_b'"):
+        signature_names_of(["a b", "a-b"])

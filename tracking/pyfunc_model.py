@@ -34,6 +34,8 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
         with open(os.path.join(path, SIGNATURE_FILE)) as f:
             description = json.load(f)
         self._features = description["features"]
+        # {column: signature input name}; exports before it used the column names themselves
+        self._inputs = description.get("signature_names", {})
         self._heads = description["heads"]
 
     def predict(self, context, model_input, params=None):
@@ -42,13 +44,15 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
         rows = len(frame)
         inputs = {}
         for name, kind in self._features.items():
-            column = frame[name] if name in frame.columns else pd.Series([None] * rows, dtype=object)
+            key = self._inputs.get(name, name)
+            given = name if name in frame.columns else key  # the data's column name, or the signature's
+            column = frame[given] if given in frame.columns else pd.Series([None] * rows, dtype=object)
             if kind == "string":
                 values = np.array(["" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in column], dtype=object)
-                inputs[name] = tf.constant(values.reshape(-1, 1), tf.string)
+                inputs[key] = tf.constant(values.reshape(-1, 1), tf.string)
             else:
                 values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float32)
-                inputs[name] = tf.constant(values.reshape(-1, 1), tf.float32)
+                inputs[key] = tf.constant(values.reshape(-1, 1), tf.float32)
         outputs = {k: v.numpy() for k, v in self._predict(**inputs).items()}
         result = {}
         for i, head in enumerate(self._heads):

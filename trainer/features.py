@@ -26,6 +26,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from serving.signature_names import signature_name
+
 log = logging.getLogger("loopline.trainer")
 
 # The stored dtype of each feature in the tf.Examples: "int64", "float32" or "string".
@@ -209,7 +211,8 @@ def _decode_images(name: str, values: tf.RaggedTensor, shape: tuple[int, ...]) -
 
 
 def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
-    """Parses a batch of serialized tf.Examples into dense tensors, `[batch] + feature_shape(kind)`."""
+    """Parses a batch of serialized tf.Examples into dense tensors, `[batch] + feature_shape(kind)`,
+    keyed by each column's `signature_name` (the name the model and its signatures use)."""
     specs = {name: kind_spec(kind) for name, kind in kinds.items()}
     spec = {
         name: tf.io.RaggedFeature(tf.string if s.dtype in ("string", IMAGE) else tf.as_dtype(s.dtype))
@@ -222,7 +225,7 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
         lengths = values.row_lengths()
         if s.is_image:
             fits = tf.reduce_all(lengths <= 1)
-            out[name] = _checked(fits, f"feature '{name}': an example holds more than one image",
+            out[signature_name(name)] = _checked(fits, f"feature '{name}': an example holds more than one image",
                                  _decode_images(name, values, feature_shape(kinds[name])))
             continue
         if s.variable or s.size == 1:
@@ -235,7 +238,7 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
             dense = values.to_tensor(default_value="", shape=[None, s.size])
         else:
             dense = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size])
-        out[name] = _checked(fits, problem, tf.reshape(dense, [-1, *s.shape]))
+        out[signature_name(name)] = _checked(fits, problem, tf.reshape(dense, [-1, *s.shape]))
     return out
 
 
@@ -280,7 +283,10 @@ def class_name(value) -> str | None:
 
 def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
     """One pass over parsed batches (dicts of `[batch, ...]` arrays). `classes`: label columns of
-    classification heads, whose every class is counted (numbers too)."""
+    classification heads, whose every class is counted (numbers too). Batches and the returned
+    statistics are keyed by signature names, as parse_examples gives them."""
+    kinds = {signature_name(column): kind for column, kind in kinds.items()}
+    classes = [signature_name(column) for column in classes]
     class_counts: dict[str, dict[str, int]] = {n: {} for n in classes}
     sums = {n: 0.0 for n, k in kinds.items() if is_number(k)}
     squares = dict(sums)

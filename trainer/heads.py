@@ -31,6 +31,11 @@ class Head:
     std: float = 1.0
     weight: float = 1.0
     label_dtype: str = "string"  # how the label is stored in the tf.Examples: string, int64 or float32
+    column: str | None = None  # the label column, when `name` (its signature_name) differs
+
+    @property
+    def label_column(self) -> str:
+        return self.column or self.name
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -51,7 +51,8 @@ _CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
 
 
 def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> dict[str, tf.Tensor] | None:
-    """The whole split parsed, every column (labels included) a `[rows, 1]` tensor, or None when
+    """The whole split parsed, every column (labels included) a `[rows, ...]` tensor keyed by its
+    signature name, or None when
     they would take more than `max_bytes` (or the split is empty)."""
     chunks, size = [], 0
     for parsed in record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds)):
@@ -63,7 +64,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> di
         chunks.append(parsed)
     if not chunks:
         return None
-    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in kinds}
+    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
 
 
 def _rows(columns) -> int:

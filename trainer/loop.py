@@ -20,6 +20,7 @@ from trainer import optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
+from serving.signature_names import signature_names_of
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
@@ -150,6 +151,7 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     chief = is_chief(strategy)
     # What the data holds: feature kinds (from the schema when given), statistics, one head per label.
     all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
+    signature_names_of(all_kinds)  # two columns with one name in the model: an error naming both
     module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
     custom_step = getattr(module, "train_step", None)
     labels = label_names(module, label)

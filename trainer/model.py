@@ -30,6 +30,7 @@ from types import ModuleType
 import keras
 
 from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number, is_scalar
+from serving.signature_names import signature_name
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
 
 log = logging.getLogger("loopline.trainer")
@@ -39,20 +40,23 @@ log = logging.getLogger("loopline.trainer")
 class ModelContext:
     """What a model builder gets: the input features, their statistics and the heads."""
 
-    kinds: FeatureKinds  # input features only (labels removed)
+    kinds: FeatureKinds  # input features only (labels removed), by column name
     stats: FeatureStats
     heads: list[Head]
     hparams: dict = field(default_factory=dict)
 
     def inputs(self) -> dict[str, keras.KerasTensor]:
+        """One input per feature, keyed (and named) by its signature_name."""
         return {
-            name: keras.Input(shape=feature_shape(kind), dtype="float32" if is_number(kind) else "string", name=name)
-            for name, kind in self.kinds.items()
+            signature_name(column): keras.Input(shape=feature_shape(kind), dtype="float32" if is_number(kind) else "string",
+                                                name=signature_name(column))
+            for column, kind in self.kinds.items()
         }
 
     def encoder(self) -> TabularEncoder:
-        numbers = {k: v for k, v in self.stats.numbers.items() if k in self.kinds}
-        strings = {k: v for k, v in self.stats.strings.items() if k in self.kinds}
+        names = {signature_name(column) for column in self.kinds}
+        numbers = {k: v for k, v in self.stats.numbers.items() if k in names}
+        strings = {k: v for k, v in self.stats.strings.items() if k in names}
         return TabularEncoder(numbers, strings, name="encoder")
 
 
@@ -104,19 +108,21 @@ def make_head(name: str, kind: str, stats: FeatureStats, head_kind: str | None =
     head's vocabulary is every class of the training split, or the `max_classes` most frequent
     (the rows of the others are counted and logged: they are left out of loss and accuracy)."""
     head_kind = head_kind or head_kinds([name], {name: kind}, {}, "auto")[name]
+    column, name = name, signature_name(name)
+    kept = None if column == name else column
     if head_kind == REGRESSION:
         mean, std = stats.numbers[name]
-        return Head(name, REGRESSION, mean=mean, std=std, label_dtype=kind)
+        return Head(name, REGRESSION, mean=mean, std=std, label_dtype=kind, column=kept)
     counts = stats.classes.get(name) or {value: 1 for value in stats.strings.get(name, [])}
     if len(counts) < 2:
-        raise ValueError(f"label '{name}' has {len(counts)} distinct value(s) in the training split; need 2 or more")
+        raise ValueError(f"label '{column}' has {len(counts)} distinct value(s) in the training split; need 2 or more")
     ranked = sorted(counts, key=lambda v: (-counts[v], v))
     if max_classes is not None and len(ranked) > max_classes:
         dropped = sum(counts[v] for v in ranked[max_classes:])
         log.warning("label '%s': data.max_classes=%d keeps %d of %d classes; %d training row(s) of the other "
-                    "classes are left out of loss and accuracy", name, max_classes, max_classes, len(ranked), dropped)
+                    "classes are left out of loss and accuracy", column, max_classes, max_classes, len(ranked), dropped)
         ranked = ranked[:max_classes]
-    return Head(name, CLASSIFICATION, vocabulary=sorted(ranked), label_dtype=kind)
+    return Head(name, CLASSIFICATION, vocabulary=sorted(ranked), label_dtype=kind, column=kept)
 
 
 def load_module(path: str | None) -> ModuleType | None:
