@@ -206,3 +206,39 @@ def test_column_names_of_every_kind_work_end_to_end(tmp_path):
     assert list(answers["class_name"]) == ["k0", "k1"]
     with pytest.raises(ValueError, match="columns 'a b' and 'a-b' both become 'a_b'"):
         signature_names_of(["a b", "a-b"])
+
+
+def test_statistics_and_schema_record_lists_and_images_as_tfdv(shaped, tmp_path):
+    from tensorflow_metadata.proto.v0 import statistics_pb2
+
+    from validation.anomalies import check_drift, validate_split
+    from validation.config import ValidationConfig
+    from validation.schema import infer_schema
+    from validation.statistics import compute_statistics
+
+    stats = compute_statistics(shaped[0], "train")
+    by_name = {f.name: f for f in stats.features}
+    image = by_name["image"]
+    assert image.type == statistics_pb2.FeatureNameStatistics.BYTES and image.bytes_stats.max_num_bytes > 0
+    assert [c.str for c in image.custom_stats if c.name == "domain_info"] == ["image_domain {}"]
+    assert not image.string_stats.rank_histogram.buckets  # no rank histogram of blobs
+    numbers = by_name["numbers"].num_stats.common_stats
+    assert (numbers.min_num_values, numbers.max_num_values) == (1, 3)
+    schema = infer_schema(stats, ValidationConfig())
+    features = {f.name: f for f in schema.feature}
+    assert features["image"].HasField("image_domain") and not features["image"].HasField("domain")
+    assert [d.size for d in features["grid"].shape.dim] == [6]
+    assert (features["numbers"].value_count.min, features["numbers"].value_count.max) == (1, 3)
+    assert kinds_from_schema(schema) == {**infer_feature_kinds(shaped[0]), "image": "image"}
+
+    longer = write(str(tmp_path / "longer.gz"), [example(image=[png(np.full((4, 4), 9))], grid=np.zeros(6, np.float32),
+                                                         numbers=np.zeros(5, np.float32), words=["w0"], label=[0])] * 4)
+    new_stats = compute_statistics(longer, "eval")
+    _, problems = validate_split("eval", new_stats, schema, ValidationConfig())
+    assert [(p.feature, p.kind) for p in problems] == [("numbers", "FEATURE_TYPE_HIGH_NUMBER_VALUES")]
+    from tensorflow_metadata.proto.v0 import anomalies_pb2
+
+    drift = anomalies_pb2.Anomalies()
+    check_drift("eval", new_stats, stats, schema, ValidationConfig(), drift)
+    measured = {info.path.step[0] for info in drift.drift_skew_info}
+    assert "image" not in measured and "label" in measured
