@@ -127,7 +127,7 @@ class RestClient:
 
     def predict(self, model: str, columns: dict[str, np.ndarray], signature: str) -> dict[str, np.ndarray]:
         # Python's json writes NaN (a missing number) as `NaN`, which TF Serving's REST API reads.
-        inputs = {k: [[v.decode() if isinstance(v, bytes) else v for v in row] for row in a.tolist()] for k, a in columns.items()}
+        inputs = {k: _json_value(a.tolist()) for k, a in columns.items()}
         body = json.dumps({"signature_name": signature, "inputs": inputs})
         out = self._check(self.session.post(f"{self.base}/v1/models/{model}:predict", data=body, timeout=self.timeout))
         outputs = out["outputs"]
@@ -138,6 +138,37 @@ class RestClient:
 
     def close(self):
         self.session.close()
+
+
+def _json_value(value):
+    """Nested lists for TF Serving's REST API: text as it is, other bytes as {"b64": ...}."""
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            import base64
+
+            return {"b64": base64.b64encode(value).decode()}
+    return value
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def predict_images(paths: list[str], model: str, client, feature: str = "image") -> list[str]:
+    """Image files, each sent as a tf.Example with its encoded bytes in `feature` (an
+    image_folder's feature) to the `predict` signature, which decodes them in the graph."""
+    from tensorflow.core.example import example_pb2
+
+    records = []
+    for path in paths:
+        example = example_pb2.Example()
+        example.features.feature[feature].bytes_list.value.append(Path(path).read_bytes())
+        records.append(example.SerializeToString())
+    outputs = client.predict(model, {names.INPUTS: np.array(records, dtype=object)}, names.PREDICT)
+    return [f"{path}: {line.split(': ', 1)[1]}" for path, line in zip(paths, describe(outputs))]
 
 
 def predict_rows(rows: list[dict], model: str, client, signature: str = RAW_SIGNATURE) -> list[str]:
