@@ -242,3 +242,53 @@ def test_statistics_and_schema_record_lists_and_images_as_tfdv(shaped, tmp_path)
     check_drift("eval", new_stats, stats, schema, ValidationConfig(), drift)
     measured = {info.path.step[0] for info in drift.drift_skew_info}
     assert "image" not in measured and "label" in measured
+
+
+HOOKS = '''
+import keras
+import tensorflow as tf
+
+LABELS = {"label": "classification"}
+
+
+def preprocess(features):
+    return {**features, "grid": tf.zeros_like(features["grid"]) + 7.0}  # the model sees 7s only
+
+
+def augment(features, labels, rng):
+    noise = tf.random.stateless_uniform([2], seed=rng)
+    return {**features, "numbers": tf.zeros_like(features["numbers"]) + 1000.0 + noise[0]}, labels
+'''
+
+
+def test_preprocess_runs_in_the_exported_graph_and_augment_on_training_batches_only(shaped, tmp_path):
+    from trainer.config import InputConfig
+    from trainer.features import compute_stats
+    from trainer.inputs import parsed_batches, training_stream
+    from trainer.model import ModelContext, build_model, load_module
+
+    module_file = tmp_path / "hooks.py"
+    module_file.write_text(HOOKS)
+    module = load_module(str(module_file))
+    kinds = infer_feature_kinds(shaped[0])
+    stats = compute_stats(parsed_batches(shaped[0], kinds), kinds, classes=["label"])
+    heads = [make_head("label", "int64", stats, "classification")]
+    inputs = {k: v for k, v in kinds.items() if k != "label"}
+
+    stream = lambda skip: training_stream(shaped[0], kinds, heads, 16, InputConfig(), seed=3, skip_batches=skip,
+                                          augment=module.augment)
+    batches = [features["numbers"].numpy() for features, _ in stream(0).take(3)]
+    assert all(np.all((b >= 1000) & (b < 1001)) for b in batches)
+    assert batches[0][0, 0] != batches[1][0, 0]  # a seed per batch
+    resumed = next(iter(stream(2)))[0]["numbers"].numpy()
+    np.testing.assert_array_equal(resumed, batches[2])  # the same augmentation after a resume
+    records = [r for r in tf.data.TFRecordDataset(shaped[1], "GZIP").take(4).as_numpy_iterator()]
+    parsed = parse_examples(tf.constant(records), kinds)
+
+    model = build_model(module, ModelContext(inputs, stats, heads))
+    export_dir = export_saved_model(model, inputs, heads, str(tmp_path / "export"), "label")
+    raw = tf.saved_model.load(export_dir).signatures["predict_raw"]
+    features = {k: v for k, v in parsed.items() if k != "label"}
+    changed = {**features, "grid": features["grid"] + 100.0}  # preprocess overwrites the grid: no effect
+    np.testing.assert_allclose(raw(**features)["scores"].numpy(), raw(**changed)["scores"].numpy(), atol=1e-6)
+    assert model.get_layer("preprocess") is not None

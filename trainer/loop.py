@@ -207,7 +207,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     step = checkpoints.restore_latest(step_var)
 
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
-                              skip_batches=int(batches_var.numpy()), columns=columns)
+                              skip_batches=int(batches_var.numpy()), columns=columns,
+                              augment=getattr(module, "augment", None))
     # XLA cannot compile strings: with jit_compile and string features, the encoder (constants,
     # no weights) runs in tf.data and the compiled step trains the layers after it.
     stepped = model

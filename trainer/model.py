@@ -8,6 +8,10 @@ A model module is a Python file that may define:
   build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
   loss_weights(step: tf.Tensor) -> dict     per-head weights, may depend on the step
   metrics(targets, outputs) -> dict         extra eval metrics (batch means of tensors)
+  preprocess(features) -> features          a transform inside the model (same keys and shapes): the
+                                            exported signatures and TFLite run it too
+  augment(features, labels, rng) -> (features, labels)   on training batches only; rng is a
+                                            stateless seed pair for tf.random.stateless_* ops
 Anything it leaves out falls back to the generic tabular model.
 
 For full control of the step (e.g. a GAN with two optimizers) it may instead define:
@@ -179,9 +183,41 @@ def build_models(module: ModuleType | None, ctx: ModelContext) -> dict[str, kera
     return models
 
 
+@keras.saving.register_keras_serializable(package="loopline")
+class Preprocess(keras.layers.Layer):
+    """The model module's `preprocess(features) -> features` as the model's first layer, so the
+    SavedModel's signatures and the TFLite models run the same transform as training. It keeps
+    the features' names and shapes. Saved by the module's path (its code is not serialized)."""
+
+    def __init__(self, module_file: str, **kwargs):
+        super().__init__(**kwargs)
+        self.module_file = module_file
+        self._preprocess = load_module(module_file).preprocess
+
+    def call(self, features):
+        out = self._preprocess(dict(features))
+        if not isinstance(out, dict) or set(out) != set(features):
+            raise ValueError(f"preprocess(features) in {self.module_file} must return a dict with the same keys "
+                             f"{sorted(features)}")
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "module_file": self.module_file}
+
+
+def with_preprocess(module: ModuleType | None, ctx: ModelContext, model: keras.Model) -> keras.Model:
+    """`model` behind the module's `preprocess` hook, when it has one."""
+    if getattr(module, "preprocess", None) is None:
+        return model
+    inputs = ctx.inputs()
+    outputs = model(Preprocess(module.__file__, name="preprocess")(inputs))
+    return keras.Model(inputs, {name: keras.layers.Identity(name=name)(outputs[name]) for name in outputs},
+                       name=model.name)
+
+
 def build_model(module: ModuleType | None, ctx: ModelContext) -> keras.Model:
     builder = getattr(module, "build_model", None)
-    model = builder(ctx) if builder else build_tabular_model(ctx)
+    model = with_preprocess(module, ctx, builder(ctx) if builder else build_tabular_model(ctx))
     missing = {h.name for h in ctx.heads} - set(model.output_names)
     if missing:
         raise ValueError(f"the model has no output for head(s) {sorted(missing)}; outputs are {model.output_names}")

@@ -5,6 +5,7 @@ The folder names (0-9) are the classes; LABELS declares them classification (the
 strings anyway, from the folder names).
 """
 import keras
+import tensorflow as tf
 
 LABELS = {"label": "classification"}
 
@@ -18,3 +19,15 @@ def build_model(ctx):
     x = keras.layers.Dense(64, activation="relu", name="dense")(x)
     outputs = {head.name: head.output_layer(x) for head in ctx.heads}
     return keras.Model(inputs, outputs, name="digits_cnn")
+
+
+def preprocess(features):
+    """Inside the model (exported, and in every TFLite variant): pixels [0, 1] -> [-1, 1]."""
+    return {"image": features["image"] * 2.0 - 1.0}
+
+
+def augment(features, labels, rng):
+    """Training batches only: each image's contrast scaled by a random factor in [0.8, 1.2]."""
+    image = features["image"]
+    scale = tf.random.stateless_uniform(tf.stack([tf.shape(image)[0], 1, 1, 1]), seed=rng, minval=0.8, maxval=1.2)
+    return {**features, "image": tf.clip_by_value(image * scale, 0.0, 1.0)}, labels
