@@ -76,11 +76,15 @@ def cmd_train(args) -> int:
         train_pattern, eval_pattern = args.train, args.eval
     elif args.train or args.eval:
         raise ConfigError("--train and --eval go together")
+    elif config.data.format != "csv":
+        raise ConfigError(f"loopline train reads data.path itself only for data.format csv (not "
+                          f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
     else:
         from trainer.csv_examples import csv_to_tfrecords
 
         train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
-    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir)
+    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir,
+                   label_kind=config.data.label_kind, max_classes=config.data.max_classes)
     metrics = {**result.metrics, "steps": result.steps}
     with open(os.path.join(work_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
