@@ -132,6 +132,25 @@ def test_every_shape_trains_and_exports(shaped, tmp_path):
     assert raw_inputs["image"].shape == (8, 4, 4, 1)
     np.testing.assert_allclose(served["scores"].numpy(), raw["scores"].numpy(), rtol=1e-5, atol=1e-6)
 
+    # The MLflow pyfunc: a DataFrame with image bytes and lists per cell gives the same answers.
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from tracking.pyfunc_model import SavedModelPyfunc
+
+    parsed = [tf.train.Example.FromString(r).features.feature for r in records]
+    frame = pd.DataFrame({
+        "image": [f["image"].bytes_list.value[0] for f in parsed],
+        "grid": [list(f["grid"].float_list.value) for f in parsed],
+        "numbers": [list(f["numbers"].float_list.value) for f in parsed],
+        "words": [[w.decode() for w in f["words"].bytes_list.value] for f in parsed],
+    })
+    pyfunc = SavedModelPyfunc()
+    pyfunc.load_context(SimpleNamespace(artifacts={"saved_model": export_dir}))
+    answers = pyfunc.predict(None, frame)
+    np.testing.assert_allclose(answers[[f"label_score_{c}" for c in head.vocabulary]].to_numpy(),
+                               served["scores"].numpy(), rtol=1e-5, atol=1e-6)
+
 
 def test_label_kind_rules():
     kinds = {"n": "int64", "s": "string", "v": "float32[:3]"}
