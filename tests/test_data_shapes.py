@@ -159,7 +159,7 @@ def test_label_kind_rules():
     assert head_kinds(["n"], kinds, {"n": "classification"}, "auto") == {"n": "classification"}
     with pytest.raises(ValueError, match="label 'n': the model module declares regression, but data.label_kind is classification"):
         head_kinds(["n"], kinds, {"n": "regression"}, "classification")
-    with pytest.raises(ValueError, match="label 's': regression is asked for, but the data holds strings"):
+    with pytest.raises(ValueError, match="label 's': data.label_kind is regression, but the data holds strings"):
         head_kinds(["s"], kinds, {}, "regression")
     with pytest.raises(ValueError, match="label 'v' is a float32\\[:3\\] feature"):
         head_kinds(["v"], kinds, {}, "auto")

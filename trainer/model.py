@@ -97,10 +97,11 @@ def head_kinds(labels: list[str], kinds: FeatureKinds, declared: dict[str, str],
         wanted = declared.get(name)
         if wanted and label_kind != "auto" and wanted != label_kind:
             raise ValueError(f"label '{name}': the model module declares {wanted}, but data.label_kind is {label_kind}")
+        who = "the model module declares" if wanted else "data.label_kind is"
         wanted = wanted or (label_kind if label_kind != "auto" else None)
         found = REGRESSION if is_number(kind) else CLASSIFICATION
         if wanted == REGRESSION and found == CLASSIFICATION:
-            raise ValueError(f"label '{name}': regression is asked for, but the data holds strings "
+            raise ValueError(f"label '{name}': {who} regression, but the data holds strings "
                              "(text in a numeric column?)")
         out[name] = wanted or found
     return out
