@@ -178,12 +178,12 @@ def test_unseen_eval_class_is_counted_apart_from_missing():
     from trainer.heads import Head, HeadTotals
 
     head = Head("y", "classification", vocabulary=["1", "2"], label_dtype="int64")
-    targets = head.encode_label(tf.constant([[1.0], [2.0], [7.0], [np.nan]]))
-    assert targets.numpy().tolist() == [0, 1, UNSEEN_LABEL, -1]
+    targets = head.encode_label(tf.constant([[1.0], [2.0], [7.0], [np.nan], [1.5]]))
+    assert targets.numpy().tolist() == [0, 1, UNSEEN_LABEL, -1, UNSEEN_LABEL]
     totals = HeadTotals([head])
-    totals.add({"y": targets}, {"y": tf.constant([[0.9, 0.1]] * 4)})
+    totals.add({"y": targets}, {"y": tf.constant([[0.9, 0.1]] * 5)})
     metrics = totals.metrics()
-    assert metrics["y_unseen_label_examples"] == 1 and metrics["y_examples"] == 2
+    assert metrics["y_unseen_label_examples"] == 2 and metrics["y_examples"] == 2
     assert metrics["y_accuracy"] == 0.5
 
 

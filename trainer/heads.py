@@ -56,10 +56,11 @@ class Head:
         """Raw label column (`[batch, 1]`) to training targets (`[batch]`)."""
         if self.kind == CLASSIFICATION:
             values = tf.reshape(values, [-1])
-            if values.dtype != tf.string:  # whole numbers as text, NaN (missing) as ""
+            if values.dtype != tf.string:  # whole numbers as text, NaN (missing) as "", others unseen
                 finite = tf.math.is_finite(values)
-                text = tf.strings.as_string(tf.cast(tf.where(finite, values, 0.0), tf.int64))
-                values = tf.where(finite, text, "")
+                whole = tf.where(finite, values, 0.0)
+                text = tf.strings.as_string(tf.cast(whole, tf.int64))
+                values = tf.where(finite, tf.where(tf.equal(whole, tf.round(whole)), text, "<not a whole number>"), "")
             matches = tf.equal(values[:, tf.newaxis], tf.constant(self.vocabulary)[tf.newaxis, :])
             found = tf.reduce_any(matches, axis=1)
             index = tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32)
