@@ -65,5 +65,15 @@ def test_digits_image_folder_end_to_end(tmp_path):
                                "--set", f"pipeline.root={root}", "--rest", "--port", str(server.rest_port)],
                               capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
         assert rest.returncode == 0 and rest.stdout == done.stdout, rest.stderr
+        # Rows with the decoded image as nested lists go to predict_raw.
+        rows = tmp_path / "rows.json"
+        decoded = [(tf.io.decode_png(open(f, "rb").read(), channels=1).numpy() / 255.0).tolist() for f in files]
+        rows.write_text(json.dumps([{"image": image} for image in decoded]))
+        raw_rows = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(rows), "--config", str(CONFIG),
+                                   "--set", f"pipeline.root={root}", "--port", str(server.grpc_port)],
+                                  capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
+        assert raw_rows.returncode == 0, raw_rows.stderr
+        answers = lambda text: [line.split("=", 1)[1].split()[0] for line in text.strip().splitlines()]
+        assert answers(raw_rows.stdout) == answers(done.stdout)  # "class=3 (0.97)" and "label=3 (0.97)"
     finally:
         server.stop()
