@@ -90,3 +90,52 @@ def test_image_folder_refuses_a_file_that_is_no_image(tmp_path):
     config = make_config(tmp_path / "root", "data.format=image_folder", f"data.path={tmp_path / 'images'}")
     with pytest.raises(Exception, match=r"notes.txt: not a PNG, JPEG, GIF or BMP image"):
         run_example_gen(config)
+
+
+@pytest.mark.slow
+def test_tfrecord_pipeline_fixed_shapes_lists_and_integer_classes(tmp_path):
+    """The whole pipeline on GZIP TFRecords: an 8x8 float grid and a list of words per example,
+    integer class labels declared classification; the schema records the grid's shape."""
+    from pipeline.local_runner import run_local
+    from validation.schema import load_schema
+
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(tmp_path / "part-0.tfrecord.gz"), options="GZIP") as writer:
+        for i in range(240):
+            label = i % 3
+            grid = rng.normal(size=(8, 8)).astype(np.float32)
+            grid[label * 2:label * 2 + 2] += 3.0
+            writer.write(example(grid=grid, words=[f"w{label}", "any", "x"][: 1 + i % 3], digit=[label]))
+    config = make_config(tmp_path / "root", "data.format=tfrecord", f"data.path={tmp_path / '*.tfrecord.gz'}",
+                         "data.label=digit", "data.label_kind=classification", "trainer.epochs=8",
+                         "mlflow.enabled=false", "serving.model_name=grids")
+    summary = run_local(config)
+    assert summary.metrics["digit_accuracy"] > 0.9
+    schema = load_schema(glob.glob(os.path.join(config.pipeline.root, "tfx", "SchemaGen", "schema", "*"))[0])
+    features = {f.name: f for f in schema.feature}
+    assert [d.size for d in features["grid"].shape.dim] == [64]
+    assert features["words"].value_count.max == 3
+    raw = tf.saved_model.load(summary.saved_model).signatures["predict_raw"]
+    assert {k: v.shape.as_list() for k, v in raw.structured_input_signature[1].items()} == {
+        "grid": [None, 64], "words": [None, 3]}
+
+
+@pytest.mark.slow
+def test_parquet_pipeline_list_columns_and_a_regression_label(tmp_path):
+    from pipeline.local_runner import run_local
+
+    rng = np.random.default_rng(1)
+    embedding = rng.normal(size=(300, 4))
+    table = pa.table({
+        "embedding": [list(map(float, row)) for row in embedding],
+        "tags": [["a", "b", "c"][: 1 + i % 3] for i in range(300)],
+        "price (€)": [float(10 + 5 * row[0] - 3 * row[2] + rng.normal(0, 0.1)) for row in embedding],
+    })
+    pq.write_table(table, tmp_path / "houses.parquet", row_group_size=100)
+    config = make_config(tmp_path / "root", "data.format=parquet", f"data.path={tmp_path / 'houses.parquet'}",
+                         "data.label=price (€)", "trainer.epochs=10", "mlflow.enabled=false",
+                         "serving.model_name=houses", "evaluator.thresholds={}")
+    summary = run_local(config)
+    assert summary.metrics["price_rmse"] < 2.5  # the label's std is ~5.8
+    raw = tf.saved_model.load(summary.saved_model).signatures["predict_raw"]
+    assert sorted(raw.structured_input_signature[1]) == ["embedding", "tags"]
