@@ -51,3 +51,22 @@ def test_iris_like_csv_with_the_default_configuration(tmp_path, caplog):
 
     raw = tf.saved_model.load(export).signatures["predict_raw"]
     assert sorted(raw.structured_input_signature[1]) == ["groe", "petal_width_cm", "sepal_length_cm"]
+
+    # Served: `loopline predict` takes the CSV's own header; the server takes the signature names.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, subprocess_env
+    from tests.serving_helpers import ServerProcess
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("sepal length (cm),petal.width-cm,größe\n4.0,0.2,klein\n6.0,2.2,groß\n", encoding="utf-8")
+    server = ServerProcess(tmp_path / "root", "serving.model_name=iris")
+    try:
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(rows), "--model", "iris",
+                               "--port", str(server.grpc_port), "--config", str(REPO / "loopline.yaml"), "--wait", "60"],
+                              capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert [line.split("=")[1].split()[0] for line in done.stdout.strip().splitlines()] == ["0", "2"]
