@@ -172,6 +172,8 @@ def test_no_silent_class_cap_and_max_classes_counts_what_it_drops(caplog):
     capped = make_head("y", "string", stats, "classification", max_classes=100)
     assert len(capped.vocabulary) == 100 and "c000" in capped.vocabulary
     assert "50 training row(s) of the other classes are left out" in caplog.text
+    compute_stats([{"words": labels.astype(bytes)}], {"words": "string"})  # a feature: capped, and said so
+    assert "feature 'words': 150 distinct values; the generic encoder one-hot encodes the 100 most frequent" in caplog.text
 
 
 def test_unseen_eval_class_is_counted_apart_from_missing():

@@ -335,6 +335,10 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
     for name, seen in counts.items():
         ranked = sorted(seen, key=lambda v: (-seen[v], v))
         stats.strings[name] = ranked[:MAX_VOCABULARY]
+        if len(ranked) > MAX_VOCABULARY and name not in class_counts:
+            rare = sum(seen[v] for v in ranked[MAX_VOCABULARY:])
+            log.warning("feature '%s': %d distinct values; the generic encoder one-hot encodes the %d most frequent, "
+                        "%d value(s) of the others encode as unseen (all zeros)", name, len(ranked), MAX_VOCABULARY, rare)
     stats.missing = {name: total - present[name] for name in kinds}
     stats.classes = class_counts
     return stats
