@@ -22,6 +22,8 @@ def Trainer(
     model_run: OutputArtifact[ModelRun],
     trainer_config: Parameter[str],
     label: Parameter[str],
+    label_kind: Parameter[str] = "auto",
+    max_classes: Parameter[int] = 0,
     module_sha256: Parameter[str] = "",
     export_config: Parameter[str] = "{}",
     schema: InputArtifact[Schema] = None,
@@ -29,7 +31,8 @@ def Trainer(
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
     edits to the user's module file; `export_config` is the `export:` section as JSON;
-    `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow)."""
+    `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow); `label_kind` and
+    `max_classes` are data.label_kind and data.max_classes (0: no cap)."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
     from trainer.export import dropped_variants, export_model
@@ -49,7 +52,8 @@ def Trainer(
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
         result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label,
-                       metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri)
+                       metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri,
+                       label_kind=label_kind, max_classes=max_classes or None)
         # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
         report = export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,

@@ -76,11 +76,15 @@ def cmd_train(args) -> int:
         train_pattern, eval_pattern = args.train, args.eval
     elif args.train or args.eval:
         raise ConfigError("--train and --eval go together")
+    elif config.data.format != "csv":
+        raise ConfigError(f"loopline train reads data.path itself only for data.format csv (not "
+                          f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
     else:
         from trainer.csv_examples import csv_to_tfrecords
 
         train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
-    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir)
+    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir,
+                   label_kind=config.data.label_kind, max_classes=config.data.max_classes)
     metrics = {**result.metrics, "steps": result.steps}
     with open(os.path.join(work_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
@@ -128,7 +132,8 @@ def cmd_serve(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from serving.client import GrpcClient, RestClient, predict_rows, read_rows, wait_until_serving
+    from serving.client import (IMAGE_SUFFIXES, GrpcClient, RestClient, predict_images, predict_rows, read_rows,
+                                wait_until_serving)
 
     config = _config(args)
     serving = config.serving
@@ -140,10 +145,14 @@ def cmd_predict(args) -> int:
         ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
         client = GrpcClient(f"{host}:{args.port or serving.grpc_port}", timeout=args.timeout, root_certificate=ca)
     try:
-        rows = read_rows(args.input)
+        images = all(path.lower().endswith(IMAGE_SUFFIXES) for path in args.input)
+        if not images and len(args.input) != 1:
+            raise ValueError("give one rows file (.csv or JSON), or image files")
+        rows = None if images else read_rows(args.input[0])
         if args.wait:
             wait_until_serving(client, model, args.wait)
-        print("\n".join(predict_rows(rows, model, client, args.signature)))
+        print("\n".join(predict_images(args.input, model, client) if images
+                        else predict_rows(rows, model, client, args.signature)))
     except ValueError as exc:
         print(f"loopline predict: error: {exc}", file=sys.stderr)
         return 2
@@ -262,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     predict = sub.add_parser("predict", help="send rows (JSON or CSV) to a running server and print predictions")
     _common(predict)
-    predict.add_argument("input", help="rows: a .csv with a header, a JSON list of objects, or JSON lines")
+    predict.add_argument("input", nargs="+", help="rows: a .csv with a header, a JSON list of objects, or JSON "
+                         "lines; or image files (.png, .jpg...), sent as tf.Examples with feature 'image'")
     predict.add_argument("--model", default=None, help="default: serving.model_name")
     predict.add_argument("--host", default=None, help="default: serving.host")
     predict.add_argument("--port", type=int, default=None, help="default: serving.grpc_port (or rest_port with --rest)")

@@ -48,23 +48,45 @@ def _module_digest(path: str | None) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and os.path.isfile(path) else ""
 
 
-def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
-    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
-    # ExampleGen reads a folder; the folder of data.path with a pattern naming the file.
-    data_dir, data_file = os.path.split(config.data.path)
+def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[str, "example_gen_pb2.Input"]:
+    """ExampleGen's input folder and split patterns: data.path (a file or glob, or for
+    image_folder a folder of class folders) as one split to cut 2:1, or data.path and
+    data.eval_path as the train and eval splits."""
     from tfx.proto import example_gen_pb2
 
-    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)])
-    if config.data.eval_path:
-        # Given splits: one folder above both files, a pattern each.
-        data_dir = os.path.commonpath([os.path.dirname(config.data.path), os.path.dirname(config.data.eval_path)])
-        input_config = example_gen_pb2.Input(splits=[
-            example_gen_pb2.Input.Split(name="train", pattern=os.path.relpath(config.data.path, data_dir)),
-            example_gen_pb2.Input.Split(name="eval", pattern=os.path.relpath(config.data.eval_path, data_dir)),
-        ])
-    example_gen_class = CsvExampleGen if config.data.example_gen == "stock" else ArrowCsvExampleGen
-    # One node id whichever reads the CSV: artifact paths and summaries stay the same.
-    example_gen = example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
+    def pattern(p: str, base: str) -> str:
+        relative = os.path.relpath(p, base)
+        if data_format != "image_folder":
+            return relative
+        return os.path.join("*", "*") if relative == "." else os.path.join(relative, "*", "*")
+
+    if not eval_path:
+        base = path if data_format == "image_folder" else os.path.dirname(path)
+        return base, example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern(path, base))])
+    base = os.path.commonpath([os.path.dirname(path), os.path.dirname(eval_path)])
+    return base, example_gen_pb2.Input(splits=[
+        example_gen_pb2.Input.Split(name="train", pattern=pattern(path, base)),
+        example_gen_pb2.Input.Split(name="eval", pattern=pattern(eval_path, base)),
+    ])
+
+
+def _example_gen(data):
+    """The ExampleGen of data.format; one node id for all (artifact paths stay the same)."""
+    data_dir, input_config = _split_input(data.path, data.eval_path, data.format)
+    if data.format == "tfrecord":  # TFX's own; Beam reads a .gz file as GZIP (compression AUTO)
+        from tfx.components import ImportExampleGen as example_gen_class
+    elif data.format == "parquet":
+        from components.file_example_gen import ParquetExampleGen as example_gen_class
+    elif data.format == "image_folder":
+        from components.file_example_gen import ImageFolderExampleGen as example_gen_class
+    else:
+        example_gen_class = CsvExampleGen if data.example_gen == "stock" else ArrowCsvExampleGen
+    return example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
+
+
+def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
+    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
+    example_gen = _example_gen(config.data)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     from validation.baseline import cache_key
 
@@ -94,6 +116,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
+        label_kind=config.data.label_kind,
+        max_classes=config.data.max_classes or 0,
         module_sha256=_module_digest(config.trainer.module_file),
         export_config=config.export.model_dump_json(),
         tracking=target.to_json() if target else "",

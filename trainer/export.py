@@ -6,7 +6,8 @@
 - `serving_default`: the default head's (`data.label`'s) classify or regress signature.
 - `predict` (method predict): input `inputs`, every head's outputs as `<head>_classes`,
   `<head>_scores`, `<head>_outputs`.
-- `predict_raw`: one `[batch, 1]` tensor per feature (float32 numbers, strings), JSON friendly;
+- `predict_raw`: one `[batch, ...feature shape]` tensor per feature (float32 numbers and decoded
+  images, strings), JSON friendly;
   outputs named as `named_outputs` says.
 """
 from __future__ import annotations
@@ -21,9 +22,10 @@ import numpy as np
 import tensorflow as tf
 
 from serving import signature_names as names
+from serving.signature_names import signature_name, signature_names_of
 from trainer.evaluation import label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
-from trainer.features import FeatureKinds, is_number, parse_examples
+from trainer.features import FeatureKinds, feature_shape, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
 from trainer import tflite
 from trainer.warmup import write_warmup
@@ -50,8 +52,9 @@ def named_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str,
 
 def raw_input_spec(kinds: FeatureKinds) -> dict[str, tf.TensorSpec]:
     return {
-        name: tf.TensorSpec([None, 1], tf.float32 if is_number(kind) else tf.string, name=name)
-        for name, kind in kinds.items()
+        signature_name(column): tf.TensorSpec([None, *feature_shape(kind)], tf.float32 if is_number(kind) else tf.string,
+                                              name=signature_name(column))
+        for column, kind in kinds.items()
     }
 
 
@@ -86,7 +89,7 @@ def default_head(heads: list[Head], name: str | None) -> Head:
     if name is None:
         return heads[0]
     for head in heads:
-        if head.name == name:
+        if name in (head.name, head.label_column):
             return head
     raise ValueError(f"default head '{name}' is not one of the model's heads {[h.name for h in heads]}")
 
@@ -118,8 +121,9 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     archive.write_out(export_dir, verbose=False)
     set_method_names(export_dir, methods)
     # Readers that must not load TensorFlow (the serving config writer, clients) use this.
+    columns = [*kinds, *(h.label_column for h in heads)]
     description = {"features": kinds, "heads": [h.to_json() for h in heads], "layout": names.LAYOUT,
-                   "default_head": default_name}
+                   "default_head": default_name, "signature_names": signature_names_of(columns)}
     assets = os.path.join(export_dir, names.ASSETS_EXTRA)
     tf.io.gfile.makedirs(assets)
     with tf.io.gfile.GFile(os.path.join(assets, names.SIGNATURE_FILE), "w") as f:
@@ -215,6 +219,8 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
                         "latency_ms": tflite.saved_model_latency_ms(raw, one, config.latency_runs)},
         "metrics": metrics,
+        # column -> name in the signatures (serving.signature_names.signature_name)
+        "signature_names": signature_names_of([*kinds, *(h.label_column for h in heads)]),
         "tflite": [],
     }
     representative = None
