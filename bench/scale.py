@@ -122,12 +122,27 @@ def run_size(rows: int, work: Path) -> dict:
                                   "--set", f"trainer.epochs={EPOCHS}", "--set", f"trainer.batch_size={BATCH_SIZE}"],
                                  work / f"pipeline_{rows}.log", env)
     components = component_figures(component_windows(root / "metadata.sqlite"), sampler.samples)
+    parity = tflite_parity(root)
     print(f"scale {rows:,} rows: pipeline {pipeline_s:.1f}s, script {script_s:.1f}s ({pipeline_s / script_s:.2f}x); "
           + ", ".join(f"{k} {v['seconds']}s/{v['memory_mb']}MB" for k, v in components.items()), flush=True)
     return {"rows": rows, "script_seconds": round(script_s, 1), "pipeline_seconds": round(pipeline_s, 1),
             "pipeline_vs_script": round(pipeline_s / script_s, 2),
             "peak_rss_mb": round(max(r for _, r in sampler.samples) / 2**20), "components": components,
+            "tflite_parity": parity,
             "example_gen": example_gen_pair(csv, work / f"example_gen_{rows}")}
+
+
+def tflite_parity(root: Path) -> dict:
+    """Each TFLite variant's largest output difference and metric delta in the run's export
+    report: what the default tolerances (trainer/export_config.py) are set from."""
+    import json
+
+    reports = sorted(root.glob("tfx/Trainer/model/*/export_report.json"))
+    if not reports:
+        return {}
+    variants = json.loads(reports[-1].read_text())["tflite"]
+    return {v["variant"]: {"max_abs_diff": v["max_abs_diff"], "metric_delta": v["metric_delta"], "dropped": v.get("dropped", False)}
+            for v in variants}
 
 
 def example_gen_pair(csv: Path, work: Path) -> dict:

@@ -66,8 +66,13 @@ def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict
             values = list(getattr(feature, kind).value) if kind else []
             if not values:
                 row[name] = None
+            elif len(values) > 1:  # a list feature: kept whole
+                row[name] = values
             elif kind == "bytes_list":
-                row[name] = values[0].decode("utf-8", "replace")
+                try:
+                    row[name] = values[0].decode("utf-8")
+                except UnicodeDecodeError:  # binary, e.g. an encoded image: kept as bytes
+                    row[name] = values[0]
             else:
                 row[name] = values[0]
         records.append(row)

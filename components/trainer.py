@@ -12,6 +12,8 @@ from tfx.utils import path_utils
 
 from components.splits import split_pattern
 
+TFLITE_DROPPED = "tflite_dropped"  # Model artifact property: {variant: why} of dropped TFLite variants
+
 
 @component
 def Trainer(
@@ -20,6 +22,8 @@ def Trainer(
     model_run: OutputArtifact[ModelRun],
     trainer_config: Parameter[str],
     label: Parameter[str],
+    label_kind: Parameter[str] = "auto",
+    max_classes: Parameter[int] = 0,
     module_sha256: Parameter[str] = "",
     export_config: Parameter[str] = "{}",
     schema: InputArtifact[Schema] = None,
@@ -27,10 +31,11 @@ def Trainer(
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
     edits to the user's module file; `export_config` is the `export:` section as JSON;
-    `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow)."""
+    `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow); `label_kind` and
+    `max_classes` are data.label_kind and data.max_classes (0: no cap)."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
-    from trainer.export import export_model
+    from trainer.export import dropped_variants, export_model
     from trainer.export_config import ExportConfig
     from trainer.loop import train
 
@@ -42,14 +47,15 @@ def Trainer(
         from validation.schema import load_schema
 
         kinds = kinds_from_schema(load_schema(schema.uri))
-    from tracking.training_run import TAG_MODEL_URI, start_training_run
+    from tracking.training_run import TAG_MODEL_URI, TFLITE_DROPPED_TAG, start_training_run
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
         result = train(config, split_pattern(examples, "train"), split_pattern(examples, "eval"), label,
-                       metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri)
+                       metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri,
+                       label_kind=label_kind, max_classes=max_classes or None)
         # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
-        export_model(result.model, result.kinds, result.heads, result.metrics,
+        report = export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,
                      split_pattern(examples, "train"), split_pattern(examples, "eval"),
                      ExportConfig.model_validate_json(export_config), default=label)
@@ -65,8 +71,11 @@ def Trainer(
         f.write(json.dumps(metrics, indent=2))
     for key, value in metrics.items():
         model.set_float_custom_property(f"eval_{key}", float(value))
+    dropped = dropped_variants(report)
+    if dropped:  # read by the run summary; the MLflow run gets it as a tag
+        model.set_string_custom_property(TFLITE_DROPPED, json.dumps(dropped))
     if run:
-        report = run.finish({"trainer": model_run.uri})
+        report = run.finish({"trainer": model_run.uri}, tags={TFLITE_DROPPED_TAG: json.dumps(dropped)} if dropped else None)
         # The Registrar continues this MLflow run (and replays undelivered metrics) from here.
         model.set_string_custom_property("mlflow_run_id", report.run_id or "")
         model.set_int_custom_property("mlflow_undelivered_metrics", report.undelivered)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 
 from pipeline.config import ConfigError, LooplineConfig
 
@@ -13,11 +14,31 @@ def _is_file(path: str) -> bool:
     return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
 
 
-def check_data(config: LooplineConfig) -> list[str]:
-    """Returns the CSV's columns; raises ConfigError naming the problem and the file."""
+def _check_files(key: str, path: str, data_format: str) -> None:
+    """data.path or data.eval_path of a format other than CSV: something to read is there."""
     import tensorflow as tf
 
+    if data_format == "image_folder":
+        if not tf.io.gfile.isdir(path) or not tf.io.gfile.glob(os.path.join(path, "*", "*")):
+            raise ConfigError(f"{key}: {path} is not a folder of class folders of images (data.format image_folder)")
+    elif not tf.io.gfile.glob(path):
+        raise ConfigError(f"{key}: no file matches {path} (data.format {data_format})")
+
+
+def check_data(config: LooplineConfig) -> list[str]:
+    """Returns the CSV's columns; raises ConfigError naming the problem and the file. Other
+    formats: checks there are files (their columns are known once read), returns []."""
     path = config.data.path
+    if config.data.format != "csv":
+        for key, value in (("data.path", path), ("data.eval_path", config.data.eval_path)):
+            if value is not None:
+                _check_files(key, value, config.data.format)
+        if config.data.format == "image_folder" and config.data.label != "label":
+            raise ConfigError(f"data.label: an image_folder's label feature is 'label' (the class folder), "
+                              f"not '{config.data.label}'")
+        return []
+    import tensorflow as tf
+
     if not _is_file(path):
         raise ConfigError(f"data.path: no such file: {path}")
     with tf.io.gfile.GFile(path, "r") as f:

@@ -114,7 +114,8 @@ def cmd_serve(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from serving.client import GrpcClient, RestClient, predict_rows, read_rows, wait_until_serving
+    from serving.client import (IMAGE_SUFFIXES, GrpcClient, RestClient, predict_images, predict_rows, read_rows,
+                                wait_until_serving)
 
     config = _config(args)
     serving = config.serving
@@ -126,10 +127,14 @@ def cmd_predict(args) -> int:
         ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
         client = GrpcClient(f"{host}:{args.port or serving.grpc_port}", timeout=args.timeout, root_certificate=ca)
     try:
-        rows = read_rows(args.input)
+        images = all(path.lower().endswith(IMAGE_SUFFIXES) for path in args.input)
+        if not images and len(args.input) != 1:
+            raise ValueError("give one rows file (.csv or JSON), or image files")
+        rows = None if images else read_rows(args.input[0])
         if args.wait:
             wait_until_serving(client, model, args.wait)
-        print("\n".join(predict_rows(rows, model, client, args.signature)))
+        print("\n".join(predict_images(args.input, model, client) if images
+                        else predict_rows(rows, model, client, args.signature)))
     except ValueError as exc:
         print(f"loopline predict: error: {exc}", file=sys.stderr)
         return 2
@@ -248,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     predict = sub.add_parser("predict", help="send rows (JSON or CSV) to a running server and print predictions")
     _common(predict)
-    predict.add_argument("input", help="rows: a .csv with a header, a JSON list of objects, or JSON lines")
+    predict.add_argument("input", nargs="+", help="rows: a .csv with a header, a JSON list of objects, or JSON "
+                         "lines; or image files (.png, .jpg...), sent as tf.Examples with feature 'image'")
     predict.add_argument("--model", default=None, help="default: serving.model_name")
     predict.add_argument("--host", default=None, help="default: serving.host")
     predict.add_argument("--port", type=int, default=None, help="default: serving.grpc_port (or rest_port with --rest)")

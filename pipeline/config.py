@@ -67,11 +67,19 @@ warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" 
 
 
 class DataSection(_Section):
+    # csv: data.path a CSV file; tfrecord: tf.Example TFRecords (a file or glob; GZIP from a .gz
+    # suffix); parquet: Parquet file(s); image_folder: a folder of class folders of images.
+    format: Literal["csv", "tfrecord", "parquet", "image_folder"] = "csv"
     path: str = "data/penguins.csv"
     label: str = "species"
+    # auto: strings classification, numbers regression; classification also takes whole numbers.
+    # A model module's declared kinds win; a contradiction is an error.
+    label_kind: Literal["auto", "classification", "regression"] = "auto"
+    # Keep only the N most frequent classes (the other rows are counted and logged); null: all.
+    max_classes: int | None = Field(None, ge=2)
     # A curated tensorflow-metadata Schema (text format); null: inferred from the train split.
     schema: str | None = None
-    # A separate CSV for the eval split (same folder tree); null: data.path is split 2:1.
+    # The eval split, the same kind of thing as data.path (same folder tree); null: data.path is split 2:1.
     eval_path: str | None = None
     # The CSV reader: Arrow record batches + tfx-bsl's C++ encoder, or TFX's stock CsvExampleGen
     # (per-line Python). Both write the same artifact.

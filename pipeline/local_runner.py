@@ -9,6 +9,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
+from components.trainer import TFLITE_DROPPED
 from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
@@ -25,6 +26,7 @@ class RunSummary:
     seconds: dict[str, float] = field(default_factory=dict)  # component -> wall time, start to publish
     blessed: bool | None = None  # None: no Evaluator ran
     blessing_reasons: list[str] = field(default_factory=list)  # every check, failed ones first
+    tflite_dropped: dict[str, str] = field(default_factory=dict)  # variant -> why it missed parity
     data_baseline: str | None = None  # what the data was checked against, in words
     accepted_changes: str = ""  # data changes accepted for this run ("" for none)
 
@@ -42,6 +44,7 @@ class RunSummary:
         if self.blessed is not None:
             out.append(f"blessing   {'blessed' if self.blessed else 'NOT blessed (not pushed)'}")
             out += [f"           - {reason}" for reason in self.blessing_reasons]
+        out += [f"tflite     dropped {variant}: {why}" for variant, why in self.tflite_dropped.items()]
         for key, value in sorted(self.metrics.items()):
             out.append(f"eval       {key} = {value:.4g}")
         out.append("components " + ", ".join(f"{k}: {v}" for k, v in self.executions.items()))
@@ -95,9 +98,11 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
 
     model = newest("Model")
     pushed = newest("PushedModel")
-    metrics = {}
+    metrics, tflite_dropped = {}, {}
     if model is not None:
         metrics = {k[len("eval_"):]: v.double_value for k, v in model.custom_properties.items() if k.startswith("eval_")}
+        if TFLITE_DROPPED in model.custom_properties:
+            tflite_dropped = json.loads(model.custom_properties[TFLITE_DROPPED].string_value)
     blessing = newest("ModelBlessing")
     blessed, reasons = None, []
     if blessing is not None:
@@ -116,6 +121,7 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         metrics=metrics,
         executions=executions,
         seconds=seconds,
+        tflite_dropped=tflite_dropped,
         blessed=blessed,
         blessing_reasons=reasons,
         data_baseline=data_props["baseline"].string_value if "baseline" in data_props else None,

@@ -65,16 +65,48 @@ def _module_digest(path: str | None) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _input_splits(data_path: str, eval_path: str):
-    """(input base, train pattern, eval pattern): the deepest folder holding both files. URIs
-    keep their `scheme://` (os.path.commonpath would fold `gs://b` into `gs:/b`)."""
-    scheme, sep, train_rest = data_path.rpartition("://")
+def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[str, "example_gen_pb2.Input"]:
+    """ExampleGen's input folder and split patterns: data.path (a file or glob, or for
+    image_folder a folder of class folders) as one split to cut 2:1, or data.path and
+    data.eval_path as the train and eval splits. URIs keep their `scheme://` (os.path.commonpath
+    would fold `gs://b` into `gs:/b`)."""
+    from tfx.proto import example_gen_pb2
+
+    scheme, sep, rest = path.rpartition("://")
+    paths = posixpath if sep else os.path
+
+    def pattern(p: str, base: str) -> str:
+        relative = paths.relpath(p, base)
+        if data_format != "image_folder":
+            return relative
+        return paths.join("*", "*") if relative == "." else paths.join(relative, "*", "*")
+
+    if not eval_path:
+        base = rest if data_format == "image_folder" else paths.dirname(rest)
+        return scheme + sep + base, example_gen_pb2.Input(
+            splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern(rest, base))])
     eval_scheme, eval_sep, eval_rest = eval_path.rpartition("://")
     if (scheme, sep) != (eval_scheme, eval_sep):
-        raise ConfigError(f"data.eval_path: {eval_path} must be on the same filesystem as data.path ({data_path})")
-    paths = posixpath if sep else os.path
-    base = paths.commonpath([paths.dirname(train_rest), paths.dirname(eval_rest)])
-    return scheme + sep + base, paths.relpath(train_rest, base), paths.relpath(eval_rest, base)
+        raise ConfigError(f"data.eval_path: {eval_path} must be on the same filesystem as data.path ({path})")
+    base = paths.commonpath([paths.dirname(rest), paths.dirname(eval_rest)])
+    return scheme + sep + base, example_gen_pb2.Input(splits=[
+        example_gen_pb2.Input.Split(name="train", pattern=pattern(rest, base)),
+        example_gen_pb2.Input.Split(name="eval", pattern=pattern(eval_rest, base)),
+    ])
+
+
+def _example_gen(data):
+    """The ExampleGen of data.format; one node id for all (artifact paths stay the same)."""
+    data_dir, input_config = _split_input(data.path, data.eval_path, data.format)
+    if data.format == "tfrecord":  # TFX's own; Beam reads a .gz file as GZIP (compression AUTO)
+        from tfx.components import ImportExampleGen as example_gen_class
+    elif data.format == "parquet":
+        from components.file_example_gen import ParquetExampleGen as example_gen_class
+    elif data.format == "image_folder":
+        from components.file_example_gen import ImageFolderExampleGen as example_gen_class
+    else:
+        example_gen_class = CsvExampleGen if data.example_gen == "stock" else ArrowCsvExampleGen
+    return example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
 
 
 def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
@@ -82,21 +114,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own);
     `run_id_placeholder` is how the orchestrator writes the run's id into a parameter, for
     executors it does not tell (Kubeflow's v2 entry point)."""
-    # ExampleGen reads a folder; the folder of data.path with a pattern naming the file.
-    data_dir, data_file = posixpath.split(config.data.path) if is_remote(config.data.path) else os.path.split(config.data.path)
-    from tfx.proto import example_gen_pb2
-
-    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=data_file)])
-    if config.data.eval_path:
-        # Given splits: one folder above both files, a pattern each.
-        data_dir, train_pattern, eval_pattern = _input_splits(config.data.path, config.data.eval_path)
-        input_config = example_gen_pb2.Input(splits=[
-            example_gen_pb2.Input.Split(name="train", pattern=train_pattern),
-            example_gen_pb2.Input.Split(name="eval", pattern=eval_pattern),
-        ])
-    example_gen_class = CsvExampleGen if config.data.example_gen == "stock" else ArrowCsvExampleGen
-    # One node id whichever reads the CSV: artifact paths and summaries stay the same.
-    example_gen = example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
+    example_gen = _example_gen(config.data)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     from validation.baseline import cache_key
 
@@ -126,6 +144,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),
         label=config.data.label,
+        label_kind=config.data.label_kind,
+        max_classes=config.data.max_classes or 0,
         module_sha256=_module_digest(config.trainer.module_file),
         export_config=config.export.model_dump_json(),
         tracking=target.to_json() if target else "",

@@ -40,6 +40,9 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
         return train, eval_
     if train or eval_:
         raise ConfigError("--train and --eval go together")
+    if config.data.format != "csv":
+        raise ConfigError(f"loopline train reads data.path itself only for data.format csv (not "
+                          f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
     from trainer.csv_examples import csv_to_tfrecords
 
     # Each worker converts its own copy: two processes must not write the same files.
@@ -65,7 +68,8 @@ def run_train(config: LooplineConfig, work_dir: str | None = None, train: str | 
                              spill_dir=work_dir) if target else None
     try:
         result = train_model(config.trainer, train_pattern, eval_pattern, config.data.label,
-                             metric_sinks=[run.sink] if run else [], work_dir=work_dir)
+                             metric_sinks=[run.sink] if run else [], work_dir=work_dir,
+                             label_kind=config.data.label_kind, max_classes=config.data.max_classes)
         metrics = {**result.metrics, "steps": result.steps}
         if chief:
             tf.io.gfile.makedirs(model_dir)

@@ -42,10 +42,41 @@ def _number(value, name: str, row: int) -> float:
         raise ValueError(f"row {row}, column '{name}': {value!r} is not a number") from None
 
 
-def rows_to_columns(rows: list[dict], input_dtypes: dict[str, str]) -> dict[str, np.ndarray]:
-    """{input name: [n, 1] array} for inputs typed 'float' or 'string'."""
+def _list_column(rows: list[dict], name: str, dtype: str, shape: list[int]) -> np.ndarray:
+    """A list (or nested lists) per row, for an input of `shape` ([-1, ...]): a flat list shorter
+    than a one-dimensional input is padded as missing; anything else must fit exactly."""
+    missing = "" if dtype == "string" else math.nan
+    width = shape[1] if len(shape) == 2 and shape[1] > 0 else None
+    out = []
+    for i, row in enumerate(rows):
+        value = row.get(name)
+        value = [] if value is None else value if isinstance(value, list) else [value]
+        if width is not None:
+            if len(value) > width:
+                raise ValueError(f"row {i}, column '{name}': {len(value)} values; the model takes at most {width}")
+            value = value + [missing] * (width - len(value))
+        out.append(value)
+    if dtype == "string":
+        return np.array([[str(v).encode() for v in value] for value in out], dtype=object)
+    try:
+        array = np.array(out, dtype=np.float32)
+    except ValueError:
+        raise ValueError(f"column '{name}': the rows' lists do not form the input's shape {shape[1:]}") from None
+    if list(array.shape[1:]) != [d for d in shape[1:]]:
+        raise ValueError(f"column '{name}': the rows give shape {list(array.shape[1:])}, the model takes {shape[1:]}")
+    return array
+
+
+def rows_to_columns(rows: list[dict], input_dtypes: dict[str, str],
+                    shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+    """{input name: [n, 1] array} for inputs typed 'float' or 'string'; an input of another shape
+    (a list, a fixed shape) takes a list per row (`_list_column`)."""
     columns = {}
     for name, dtype in input_dtypes.items():
+        shape = (shapes or {}).get(name)
+        if shape is not None and len(shape) >= 2 and shape[1:] != [1]:
+            columns[name] = _list_column(rows, name, dtype, shape)
+            continue
         if dtype == "string":
             values = [("" if r.get(name) is None else str(r.get(name))).encode() for r in rows]
             columns[name] = np.array(values, dtype=object).reshape(-1, 1)
@@ -81,7 +112,8 @@ class GrpcClient:
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.timeout = timeout
 
-    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+    def input_specs(self, model: str, signature: str) -> dict[str, tuple[str, list[int]]]:
+        """{input: (dtype "string" or "float", shape with -1 for the batch)} from the model's metadata."""
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         request.model_spec.name = model
         response = self.stub.GetModelMetadata(request, timeout=self.timeout)
@@ -91,8 +123,11 @@ class GrpcClient:
             raise ValueError(f"model {model!r} has no signature {signature!r} (has {sorted(signatures.signature_def)})")
         from tensorflow.core.framework import types_pb2
 
-        return {k: ("string" if v.dtype == types_pb2.DT_STRING else "float")
+        return {k: ("string" if v.dtype == types_pb2.DT_STRING else "float", [d.size for d in v.tensor_shape.dim])
                 for k, v in signatures.signature_def[signature].inputs.items()}
+
+    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+        return {k: dtype for k, (dtype, _) in self.input_specs(model, signature).items()}
 
     def predict(self, model: str, columns: dict[str, np.ndarray], signature: str) -> dict[str, np.ndarray]:
         request = predict_pb2.PredictRequest()
@@ -118,16 +153,21 @@ class RestClient:
             raise RuntimeError(f"HTTP {response.status_code}: {response.json().get('error', response.text)}")
         return response.json()
 
-    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+    def input_specs(self, model: str, signature: str) -> dict[str, tuple[str, list[int]]]:
         meta = self._check(self.session.get(f"{self.base}/v1/models/{model}/metadata", timeout=self.timeout))
         sigs = meta["metadata"]["signature_def"]["signature_def"]
         if signature not in sigs:
             raise ValueError(f"model {model!r} has no signature {signature!r} (has {sorted(sigs)})")
-        return {k: ("string" if v["dtype"] == "DT_STRING" else "float") for k, v in sigs[signature]["inputs"].items()}
+        return {k: ("string" if v["dtype"] == "DT_STRING" else "float",
+                    [int(d["size"]) for d in v.get("tensor_shape", {}).get("dim", [])])
+                for k, v in sigs[signature]["inputs"].items()}
+
+    def input_dtypes(self, model: str, signature: str) -> dict[str, str]:
+        return {k: dtype for k, (dtype, _) in self.input_specs(model, signature).items()}
 
     def predict(self, model: str, columns: dict[str, np.ndarray], signature: str) -> dict[str, np.ndarray]:
         # Python's json writes NaN (a missing number) as `NaN`, which TF Serving's REST API reads.
-        inputs = {k: [[v.decode() if isinstance(v, bytes) else v for v in row] for row in a.tolist()] for k, a in columns.items()}
+        inputs = {k: _json_value(a.tolist()) for k, a in columns.items()}
         body = json.dumps({"signature_name": signature, "inputs": inputs})
         out = self._check(self.session.post(f"{self.base}/v1/models/{model}:predict", data=body, timeout=self.timeout))
         outputs = out["outputs"]
@@ -140,9 +180,45 @@ class RestClient:
         self.session.close()
 
 
+def _json_value(value):
+    """Nested lists for TF Serving's REST API: text as it is, other bytes as {"b64": ...}."""
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            import base64
+
+            return {"b64": base64.b64encode(value).decode()}
+    return value
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def predict_images(paths: list[str], model: str, client, feature: str = "image") -> list[str]:
+    """Image files, each sent as a tf.Example with its encoded bytes in `feature` (an
+    image_folder's feature) to the `predict` signature, which decodes them in the graph."""
+    from tensorflow.core.example import example_pb2
+
+    records = []
+    for path in paths:
+        example = example_pb2.Example()
+        example.features.feature[feature].bytes_list.value.append(Path(path).read_bytes())
+        records.append(example.SerializeToString())
+    outputs = client.predict(model, {names.INPUTS: np.array(records, dtype=object)}, names.PREDICT)
+    return [f"{path}: {line.split(': ', 1)[1]}" for path, line in zip(paths, describe(outputs))]
+
+
 def predict_rows(rows: list[dict], model: str, client, signature: str = RAW_SIGNATURE) -> list[str]:
-    dtypes = client.input_dtypes(model, signature)
-    outputs = client.predict(model, rows_to_columns(rows, dtypes), signature)
+    """Rows keyed by the data's column names ("sepal length (cm)") or by the signature's input
+    names ("sepal_length_cm"): names.signature_name maps one to the other."""
+    rows = [{names.signature_name(key): value for key, value in row.items()} for row in rows]
+    specs = client.input_specs(model, signature)
+    dtypes = {name: dtype for name, (dtype, _) in specs.items()}
+    outputs = client.predict(model, rows_to_columns(rows, dtypes, {name: shape for name, (_, shape) in specs.items()}),
+                             signature)
     return describe(outputs)
 
 

@@ -110,8 +110,8 @@ def test_champion_exported_before_the_tf_serving_signatures_is_still_evaluated(t
     split = _penguin_split(tmp_path / "eval.gz")
     examples = read_examples(split)
     old_metrics, new_metrics = evaluate_saved_model(str(old), examples), evaluate_saved_model(str(new), examples)
-    assert set(old_metrics) == {"species_loss", "species_accuracy", "species_examples", "body_mass_g_loss",
-                                "body_mass_g_rmse", "body_mass_g_examples", "loss"}
+    assert set(old_metrics) == {"species_loss", "species_accuracy", "species_examples", "species_unseen_label_examples",
+                                "body_mass_g_loss", "body_mass_g_rmse", "body_mass_g_examples", "loss"}
     for key, value in new_metrics.items():
         assert old_metrics[key] == pytest.approx(value, rel=1e-5), key
     decision = evaluate_and_decide(str(new), split, str(old), EvaluatorConfig())

@@ -191,15 +191,28 @@ def test_parity_gate_catches_a_truncated_flatbuffer(exported, trained):
     assert not report.passed and "does not run in LiteRT" in report.problems[0]
 
 
-def test_export_fails_with_figures_when_over_tolerance(trained, tmp_path):
+def test_export_fails_with_figures_when_a_required_variant_is_over_tolerance(trained, tmp_path):
     result, train_pattern, eval_pattern, _ = trained
-    # dynamic-range quantization cannot be exact: a zero tolerance must fail the export.
-    config = ExportConfig(tflite_variants=["dynamic_range"], output_tolerance={"dynamic_range": 0.0}, latency_runs=1)
+    # dynamic-range quantization cannot be exact: a zero tolerance must fail the export when required.
+    config = ExportConfig(tflite_variants=["dynamic_range"], output_tolerance={"dynamic_range": 0.0}, latency_runs=1,
+                          required_variants=["dynamic_range"])
     with pytest.raises(tflite.ParityError, match=r"dynamic_range: output 'scores' max abs diff .* > tolerance 0"):
         export_model(result.model, result.kinds, result.heads, result.metrics, str(tmp_path / "Format-Serving"),
                      str(tmp_path), train_pattern, eval_pattern, config)
     report = json.loads((tmp_path / REPORT_JSON).read_text())
     assert report["tflite"][0]["passed"] is False
+
+
+def test_a_variant_that_is_not_required_is_dropped(trained, tmp_path):
+    result, train_pattern, eval_pattern, _ = trained
+    config = ExportConfig(tflite_variants=["float32", "dynamic_range"], output_tolerance={"dynamic_range": 0.0}, latency_runs=1)
+    report = export_model(result.model, result.kinds, result.heads, result.metrics, str(tmp_path / "Format-Serving"),
+                          str(tmp_path), train_pattern, eval_pattern, config)
+    by_variant = {v["variant"]: v for v in report["tflite"]}
+    assert by_variant["dynamic_range"]["dropped"] and not by_variant["dynamic_range"]["passed"]
+    assert by_variant["float32"]["passed"] and not by_variant["float32"]["dropped"]
+    assert sorted(p.name for p in (tmp_path / TFLITE_DIR).iterdir()) == ["model_float32.tflite"]
+    assert "DROPPED: output" in (tmp_path / "export_report.md").read_text()
 
 
 def test_mixed_precision_model_exports_in_float32(trained, tmp_path):

@@ -25,14 +25,16 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_runs(server, tmp_path_factory):
-    """Two pipeline runs (different seeds, so two models) into the server."""
+    """Two pipeline runs (different seeds, so two models) into the server; in the second, the
+    dynamic-range TFLite variant cannot meet a zero tolerance, so it is dropped."""
     from pipeline.local_runner import open_store, run_local
 
     root = tmp_path_factory.mktemp("workspace-mlflow")
     summaries, run_ids = [], []
     for seed in (1, 2):
+        strict = ["export.output_tolerance={dynamic_range: 0.0}"] if seed == 2 else []
         config = make_config(root, f"mlflow.tracking_uri={server.uri}", "trainer.epochs=3", f"trainer.seed={seed}",
-                             "mlflow.flush_interval_s=0.5")
+                             "mlflow.flush_interval_s=0.5", "trainer.steps_per_loop=1", *strict)
         summaries.append(run_local(config))
         newest = max(open_store(config).get_contexts_by_type("pipeline_run"), key=lambda c: c.id)
         run_ids.append(newest.name)
@@ -58,7 +60,7 @@ def test_each_pipeline_run_is_an_mlflow_run_with_config_metrics_and_artifacts(se
     assert run.data.params["mlflow.tracking_uri"] == server.uri
     assert set(flat) <= set(run.data.params)
 
-    # Per-step training metrics and per-epoch evaluation, delivered in batches.
+    # Per-step training metrics (one step per loop call here) and per-epoch evaluation, delivered in batches.
     history = client.get_metric_history(run.info.run_id, "train/loss")
     steps = sorted(m.step for m in history)
     assert steps == list(range(1, int(summaries[0].metrics["steps"]) + 1))
@@ -73,6 +75,24 @@ def test_each_pipeline_run_is_an_mlflow_run_with_config_metrics_and_artifacts(se
     metrics_file = client.download_artifacts(run.info.run_id, "trainer/metrics.json")
     assert json.load(open(metrics_file))["steps"] == summaries[0].metrics["steps"]
     assert run.info.status == "FINISHED"
+
+
+def test_a_variant_that_misses_parity_is_dropped_not_the_run(server, two_runs):
+    """Only export.required_variants (float32) fail a run; a dropped variant is said in the
+    summary, the export report and the MLflow run, and its file is gone."""
+    _, summaries, pipeline_runs = two_runs
+    assert summaries[0].tflite_dropped == {}
+    dropped = summaries[1].tflite_dropped
+    assert list(dropped) == ["dynamic_range"] and "> tolerance 0" in dropped["dynamic_range"]
+    assert summaries[1].version is not None  # trained, blessed and pushed all the same
+    assert any(line.startswith("tflite     dropped dynamic_range: output") for line in summaries[1].lines())
+    model_dir = os.path.dirname(summaries[1].saved_model)
+    report = json.load(open(os.path.join(model_dir, "export_report.json")))
+    by_variant = {v["variant"]: v for v in report["tflite"]}
+    assert by_variant["dynamic_range"]["dropped"] and not by_variant["float32"]["dropped"]
+    assert sorted(os.listdir(os.path.join(model_dir, "Format-TFLite"))) == ["model_float32.tflite"]
+    run = _run_for(MlflowClient(server.uri), pipeline_runs[1])
+    assert json.loads(run.data.tags["loopline.tflite_dropped"]) == dropped
 
 
 def test_model_is_registered_with_lineage_and_loads_as_pyfunc(server, two_runs):

@@ -33,7 +33,9 @@ def input_example_from_records(saved_model_dir: str, records: list[dict], rows: 
     data = {}
     for name, kind in features.items():
         values = [r.get(name) for r in chosen]
-        if kind == "string":
+        if kind not in ("int64", "float32", "string"):  # lists and images go as they are in the examples
+            data[name] = values
+        elif kind == "string":
             data[name] = ["" if v is None else str(v) for v in values]
         else:
             data[name] = [float("nan") if v is None else float(v) for v in values]

@@ -19,6 +19,7 @@ log = logging.getLogger("loopline.tracking")
 TAG_PIPELINE = "loopline.pipeline"
 TAG_PIPELINE_RUN_ID = "loopline.pipeline_run_id"
 TAG_MODEL_URI = "loopline.model_uri"
+TFLITE_DROPPED_TAG = "loopline.tflite_dropped"  # {variant: why}: TFLite variants that missed parity and were dropped
 
 
 class TrainingRun:
@@ -41,13 +42,18 @@ class TrainingRun:
         log.info("MLflow run %s in experiment %r at %s", run.info.run_id, self.target.experiment, self.target.tracking_uri)
         return run.info.run_id
 
-    def finish(self, artifact_dirs: dict[str, str], failed: bool = False,
+    def finish(self, artifact_dirs: dict[str, str], failed: bool = False, tags: dict[str, str] | None = None,
                params: dict[str, str] | None = None) -> DeliveryReport:
-        """Flushes the metrics (bounded), then logs the parameters and each folder under its
-        artifact path."""
+        """Flushes the metrics (bounded), then sets the tags, logs the parameters and each folder
+        under its artifact path."""
         report = self.sink.close()
         if report.run_id is None:
             return report
+        for key, value in (tags or {}).items():
+            try:
+                self.client.set_tag(report.run_id, key, value)
+            except Exception as exc:
+                log.error("MLflow: could not set tag %s on run %s: %s", key, report.run_id, exc)
         if params:
             from mlflow.entities import Param
 

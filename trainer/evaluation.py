@@ -54,7 +54,8 @@ def evaluation_signature(layout: int, heads: list[Head]) -> tuple[str, dict[str,
 
 
 def label_kinds(heads: list[Head]) -> dict[str, str]:
-    return {h.name: h.label_dtype for h in heads}
+    """The label columns to parse (parse_examples keys them by head name)."""
+    return {h.label_column: h.label_dtype for h in heads}
 
 
 def head_metrics(heads: list[Head], predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> dict[str, float]:

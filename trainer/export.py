@@ -6,7 +6,8 @@
 - `serving_default`: the default head's (`data.label`'s) classify or regress signature.
 - `predict` (method predict): input `inputs`, every head's outputs as `<head>_classes`,
   `<head>_scores`, `<head>_outputs`.
-- `predict_raw`: one `[batch, 1]` tensor per feature (float32 numbers, strings), JSON friendly;
+- `predict_raw`: one `[batch, ...feature shape]` tensor per feature (float32 numbers and decoded
+  images, strings), JSON friendly;
   outputs named as `named_outputs` says.
 """
 from __future__ import annotations
@@ -20,9 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 from serving import signature_names as names
+from serving.signature_names import signature_name, signature_names_of
 from trainer.evaluation import label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
-from trainer.features import FeatureKinds, is_number, parse_examples
+from trainer.features import FeatureKinds, feature_shape, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
 from trainer import tflite
 from trainer.warmup import write_warmup
@@ -49,8 +51,9 @@ def named_outputs(heads: list[Head], outputs: dict[str, tf.Tensor]) -> dict[str,
 
 def raw_input_spec(kinds: FeatureKinds) -> dict[str, tf.TensorSpec]:
     return {
-        name: tf.TensorSpec([None, 1], tf.float32 if is_number(kind) else tf.string, name=name)
-        for name, kind in kinds.items()
+        signature_name(column): tf.TensorSpec([None, *feature_shape(kind)], tf.float32 if is_number(kind) else tf.string,
+                                              name=signature_name(column))
+        for column, kind in kinds.items()
     }
 
 
@@ -85,7 +88,7 @@ def default_head(heads: list[Head], name: str | None) -> Head:
     if name is None:
         return heads[0]
     for head in heads:
-        if head.name == name:
+        if name in (head.name, head.label_column):
             return head
     raise ValueError(f"default head '{name}' is not one of the model's heads {[h.name for h in heads]}")
 
@@ -117,8 +120,9 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     archive.write_out(export_dir, verbose=False)
     set_method_names(export_dir, methods)
     # Readers that must not load TensorFlow (the serving config writer, clients) use this.
+    columns = [*kinds, *(h.label_column for h in heads)]
     description = {"features": kinds, "heads": [h.to_json() for h in heads], "layout": names.LAYOUT,
-                   "default_head": default_name}
+                   "default_head": default_name, "signature_names": signature_names_of(columns)}
     assets = os.path.join(export_dir, names.ASSETS_EXTRA)
     tf.io.gfile.makedirs(assets)
     with tf.io.gfile.GFile(os.path.join(assets, names.SIGNATURE_FILE), "w") as f:
@@ -197,8 +201,9 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
                  config: ExportConfig, default: str | None = None) -> dict:
     """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
     and the report (`export_report.json`/`.md` in `artifact_dir`). `default`: the head behind
-    `serving_default` (data.label). Raises tflite.ParityError, after writing the report, when a
-    variant is over its tolerance."""
+    `serving_default` (data.label). A variant over its tolerance is dropped (file removed, the miss
+    in the report); when it is one of `config.required_variants`, tflite.ParityError is raised
+    after the report is written."""
     model = float32_model(model)
     export_saved_model(model, kinds, heads, serving_dir, default)
     eval_examples = read_examples(eval_pattern, config.parity_examples)
@@ -219,6 +224,8 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
                         "latency_ms": tflite.saved_model_latency_ms(raw, one, config.latency_runs)},
         "metrics": metrics,
+        # column -> name in the signatures (serving.signature_names.signature_name)
+        "signature_names": signature_names_of([*kinds, *(h.label_column for h in heads)]),
         "tflite": [],
     }
     representative = None
@@ -237,11 +244,28 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         log.info("tflite %s: %d bytes, max abs diff %s, %s", variant, result.size_bytes, result.max_abs_diff,
                  "parity ok" if result.passed else "; ".join(result.problems))
         results.append(result)
+    required = [r for r in results if not r.passed and r.variant in config.required_variants]
+    for result in results:
+        if not result.passed and result.variant not in config.required_variants:
+            _drop(result)
     report["tflite"] = [r.to_json() for r in results]
     write_report(artifact_dir, report)
-    if any(not r.passed for r in results):
-        raise tflite.ParityError(results)
+    if required:
+        raise tflite.ParityError(required)
     return report
+
+
+def _drop(result: tflite.VariantReport) -> None:
+    """A variant that missed parity and is not required: served nowhere, so its file goes."""
+    if result.path and tf.io.gfile.exists(result.path):
+        tf.io.gfile.remove(result.path)
+    result.dropped = True
+    log.warning("tflite %s dropped (not in export.required_variants): %s", result.variant, "; ".join(result.problems))
+
+
+def dropped_variants(report: dict) -> dict[str, str]:
+    """{variant: why} for the variants an export report says were dropped."""
+    return {v["variant"]: "; ".join(v["problems"]) for v in report.get("tflite", []) if v.get("dropped")}
 
 
 def write_report(folder: str, report: dict, blessing: dict | None = None) -> None:
@@ -267,7 +291,7 @@ def report_markdown(report: dict) -> str:
         delta = ", ".join(f"{k} {x:.2g}" for k, x in v["metric_delta"].items())
         latency = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else "-"
         lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {latency} | "
-                     f"{'ok' if v['passed'] else 'FAILED: ' + '; '.join(v['problems'])} |")
+                     f"{_parity_cell(v)} |")
     lines += ["", "## Eval metrics", ""]
     lines += [f"- {k}: {v:.4g}" for k, v in sorted(report["metrics"].items())]
     blessing = report.get("blessing")
@@ -275,3 +299,9 @@ def report_markdown(report: dict) -> str:
         lines += ["", "## Blessing", "", f"**{'blessed' if blessing['blessed'] else 'not blessed'}**", ""]
         lines += [f"- {r}" for r in blessing["reasons"]]
     return "\n".join(lines) + "\n"
+
+
+def _parity_cell(variant: dict) -> str:
+    if variant["passed"]:
+        return "ok"
+    return ("DROPPED: " if variant.get("dropped") else "FAILED: ") + "; ".join(variant["problems"])

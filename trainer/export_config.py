@@ -28,6 +28,11 @@ class ExportConfig(_Section):
     )
     output_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_OUTPUT_TOLERANCE))
     metric_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_METRIC_TOLERANCE))
+    required_variants: list[TFLiteVariant] = Field(
+        default_factory=lambda: ["float32"],
+        description="Variants whose parity failure fails the run; any other variant that fails is dropped (its file "
+                    "removed, the miss reported).",
+    )
     parity_examples: int = Field(1000, ge=1, description="Eval-split examples the parity check runs on (at most).")
     representative_examples: int = Field(200, ge=1, description="Train-split examples calibrating int8.")
     warmup_examples: int = Field(8, ge=1, description="Eval examples per warmup request.")

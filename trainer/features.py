@@ -1,5 +1,15 @@
 """Feature handling shared by training and serving: the raw feature kinds, parsing serialized
-tf.Examples into `[batch, 1]` tensors, training-split statistics, and the encoder layer.
+tf.Examples into dense tensors, training-split statistics, and the encoder layer.
+
+A feature's kind is its stored dtype ("int64", "float32", "string") and its shape:
+- "float32": one value per example, parsed to `[batch, 1]`;
+- "float32[8,8]": a fixed shape, every example holds 64 values (row-major) -> `[batch, 8, 8]`;
+- "string[:5]": a variable-length list of at most 5 values -> `[batch, 5]`, padded as missing;
+- "image[28,28,1]": one encoded image (PNG, JPEG, GIF, BMP) per example, decoded to float32
+  `[batch, 28, 28, 1]` in [0, 1]; plain "image" (a schema's `image_domain`) takes its size from
+  the first image of the data (`resolve_image_shapes`).
+An example holding more values than its kind allows (or another count than a fixed shape, or an
+image of another size) is an error naming the feature: nothing is cut silently.
 
 Numbers travel as float32 with NaN for a missing value (an infinite one counts as missing too);
 strings as tf.string with "" for missing. The encoder turns them into one dense vector with
@@ -9,51 +19,131 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from serving.signature_names import signature_name
+
 log = logging.getLogger("loopline.trainer")
 
 # The stored dtype of each feature in the tf.Examples: "int64", "float32" or "string".
 FeatureKinds = dict[str, str]
 
-MAX_VOCABULARY = 100
+MAX_VOCABULARY = 100  # string *features* (one-hot inputs); labels have no cap (data.max_classes)
+IMAGE = "image"
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A kind string taken apart: dtype, per-example shape, and whether it is a list of at most
+    `shape[0]` values or an encoded image."""
+
+    dtype: str
+    shape: tuple[int, ...] = (1,)
+    variable: bool = False
+
+    @property
+    def is_image(self) -> bool:
+        return self.dtype == IMAGE
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+def kind_spec(kind: str) -> KindSpec:
+    match = re.fullmatch(r"(int64|float32|string|image)(?:\[(:?)([0-9, ]*)\])?", kind)
+    if not match:
+        raise ValueError(f"unknown feature kind {kind!r}")
+    dtype, variable, dims = match.groups()
+    if dims is None:
+        return KindSpec(dtype, () if dtype == IMAGE else (1,))
+    shape = tuple(int(d) for d in dims.split(",") if d.strip())
+    if not shape or min(shape) < 1 or (variable and len(shape) != 1):
+        raise ValueError(f"feature kind {kind!r}: expected [d1,d2,...] or [:max_length] with sizes >= 1")
+    return KindSpec(dtype, shape, bool(variable))
 
 
 def is_number(kind: str) -> bool:
-    return kind in ("int64", "float32")
+    """Parsed to float32 (numbers, and images once decoded)."""
+    return kind_spec(kind).dtype in ("int64", "float32", IMAGE)
+
+
+def is_scalar(kind: str) -> bool:
+    return kind in ("int64", "float32", "string")
+
+
+def feature_shape(kind: str) -> tuple[int, ...]:
+    """The parsed tensor's shape per example."""
+    spec = kind_spec(kind)
+    if spec.is_image and not spec.shape:
+        raise ValueError("an image feature's size is not known yet (resolve_image_shapes)")
+    return spec.shape
+
+
+def kind_from_counts(dtype: str, min_count: int, max_count: int, always_present: bool) -> str:
+    """The kind of a feature whose examples hold min_count..max_count values (TFDV's rule for a
+    shape: the same count in every example, and the feature in every example)."""
+    if max_count <= 1:
+        return dtype
+    if min_count == max_count and always_present:
+        return f"{dtype}[{max_count}]"
+    return f"{dtype}[:{max_count}]"
+
+
+def looks_like_image(value: bytes) -> bool:
+    return value.startswith(_IMAGE_MAGIC)
 
 
 def infer_feature_kinds(file_pattern: str, max_records: int = 1000) -> FeatureKinds:
-    """Reads a sample of GZIP TFRecords and returns each feature's stored dtype."""
+    """Reads a sample of GZIP TFRecords and returns each feature's kind (dtype and shape; one
+    encoded image per example is an "image")."""
     files = tf.io.gfile.glob(file_pattern)
     if not files:
         raise FileNotFoundError(f"no TFRecord files match {file_pattern}")
-    kinds: FeatureKinds = {}
+    dtypes: dict[str, str] = {}
+    counts: dict[str, list[int]] = {}
+    images: dict[str, bool] = {}
+    records = 0
     dataset = tf.data.TFRecordDataset(files, compression_type="GZIP").take(max_records)
     for record in dataset.as_numpy_iterator():
+        records += 1
         example = tf.train.Example.FromString(record)
         for name, feature in example.features.feature.items():
             which = feature.WhichOneof("kind")
             kind = {"int64_list": "int64", "float_list": "float32", "bytes_list": "string"}.get(which)
             if kind is None:
                 continue
-            previous = kinds.get(name)
+            values = getattr(feature, which).value
+            counts.setdefault(name, []).append(len(values))
+            if kind == "string" and values:
+                images[name] = images.get(name, True) and len(values) == 1 and looks_like_image(values[0])
+            previous = dtypes.get(name)
             if previous is None or previous == kind:
-                kinds[name] = kind
+                dtypes[name] = kind
             elif is_number(previous) and is_number(kind):
-                kinds[name] = "float32"
+                dtypes[name] = "float32"
             else:
                 raise ValueError(f"feature '{name}' holds both {previous} and {kind} values")
-    return dict(sorted(kinds.items()))
+    kinds = {}
+    for name, dtype in dtypes.items():
+        seen = counts[name]
+        if dtype == "string" and images.get(name):
+            kinds[name] = IMAGE
+        else:
+            kinds[name] = kind_from_counts(dtype, min(seen), max(seen), len(seen) == records)
+    return resolve_image_shapes(dict(sorted(kinds.items())), file_pattern)
 
 
 def kinds_from_schema(schema) -> FeatureKinds:
     """Feature kinds from a tensorflow-metadata Schema: INT -> int64, FLOAT -> float32,
-    BYTES -> string. Features the schema marks deprecated are left out."""
+    BYTES -> string; `image_domain` -> image; `shape` a fixed shape, `value_count.max` > 1 a
+    list of at most that many values. Features the schema marks deprecated are left out."""
     from tensorflow_metadata.proto.v0 import schema_pb2
 
     names = {schema_pb2.INT: "int64", schema_pb2.FLOAT: "float32", schema_pb2.BYTES: "string"}
@@ -64,24 +154,91 @@ def kinds_from_schema(schema) -> FeatureKinds:
         if feature.type not in names:
             raise ValueError(f"schema: feature '{feature.name}' has type "
                              f"{schema_pb2.FeatureType.Name(feature.type)}; expected INT, FLOAT or BYTES")
-        kinds[feature.name] = names[feature.type]
+        dtype = names[feature.type]
+        dims = [d.size for d in feature.shape.dim] if feature.HasField("shape") else []
+        if feature.HasField("image_domain"):
+            kinds[feature.name] = IMAGE
+        elif dims and dims != [1]:
+            kinds[feature.name] = f"{dtype}[{','.join(str(d) for d in dims)}]"
+        elif not dims and feature.value_count.max > 1:
+            kinds[feature.name] = f"{dtype}[:{feature.value_count.max}]"
+        else:
+            kinds[feature.name] = dtype
     return dict(sorted(kinds.items()))
 
 
+def resolve_image_shapes(kinds: FeatureKinds, file_pattern: str) -> FeatureKinds:
+    """Gives each plain "image" kind the size of the first image found in the records."""
+    todo = {name for name, kind in kinds.items() if kind == IMAGE}
+    if not todo:
+        return kinds
+    resolved = dict(kinds)
+    files = sorted(tf.io.gfile.glob(file_pattern))
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP").as_numpy_iterator():
+        feature = tf.train.Example.FromString(record).features.feature
+        for name in sorted(todo):
+            values = feature[name].bytes_list.value if name in feature else []
+            if values:
+                height, width, channels = tf.io.decode_image(values[0], expand_animations=False).shape
+                resolved[name] = f"{IMAGE}[{height},{width},{channels}]"
+                todo.discard(name)
+        if not todo:
+            return resolved
+    raise ValueError(f"image feature(s) {sorted(todo)}: no image in {file_pattern} to take the size from")
+
+
+def _checked(condition: tf.Tensor, message: str, value: tf.Tensor) -> tf.Tensor:
+    """`value`, computed only after `condition` holds (an InvalidArgumentError with `message` otherwise)."""
+    with tf.control_dependencies([tf.debugging.Assert(condition, [message])]):
+        return tf.identity(value)
+
+
+def _decode_images(name: str, values: tf.RaggedTensor, shape: tuple[int, ...]) -> tf.Tensor:
+    """One encoded image per example to float32 `[batch, h, w, c]` in [0, 1]; a missing one is zeros."""
+    height, width, channels = shape
+    blobs = values.to_tensor(default_value="", shape=[None, 1])[:, 0]
+
+    def decode(blob):
+        def image():
+            pixels = tf.io.decode_image(blob, channels=channels, expand_animations=False)
+            size = tf.shape(pixels)[:2]
+            ok = tf.reduce_all(tf.equal(size, [height, width]))
+            return _checked(ok, f"feature '{name}': an image is not {height}x{width}", tf.cast(pixels, tf.float32) / 255.0)
+
+        return tf.cond(tf.strings.length(blob) > 0, image, lambda: tf.zeros(shape, tf.float32))
+
+    return tf.map_fn(decode, blobs, fn_output_signature=tf.TensorSpec(shape, tf.float32))
+
+
 def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
-    """Parses a batch of serialized tf.Examples into `[batch, 1]` tensors per feature."""
+    """Parses a batch of serialized tf.Examples into dense tensors, `[batch] + feature_shape(kind)`,
+    keyed by each column's `signature_name` (the name the model and its signatures use)."""
+    specs = {name: kind_spec(kind) for name, kind in kinds.items()}
     spec = {
-        name: tf.io.RaggedFeature(tf.string if kind == "string" else tf.as_dtype(kind))
-        for name, kind in kinds.items()
+        name: tf.io.RaggedFeature(tf.string if s.dtype in ("string", IMAGE) else tf.as_dtype(s.dtype))
+        for name, s in specs.items()
     }
     parsed = tf.io.parse_example(serialized, spec)
     out = {}
-    for name, kind in kinds.items():
+    for name, s in specs.items():
         values = parsed[name]
-        if kind == "string":
-            out[name] = values.to_tensor(default_value="", shape=[None, 1])
+        lengths = values.row_lengths()
+        if s.is_image:
+            fits = tf.reduce_all(lengths <= 1)
+            out[signature_name(name)] = _checked(fits, f"feature '{name}': an example holds more than one image",
+                                 _decode_images(name, values, feature_shape(kinds[name])))
+            continue
+        if s.variable or s.size == 1:
+            fits = tf.reduce_all(lengths <= s.size)
+            problem = f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)"
         else:
-            out[name] = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, 1])
+            fits = tf.reduce_all((lengths == 0) | (lengths == s.size))
+            problem = f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values"
+        if s.dtype == "string":
+            dense = values.to_tensor(default_value="", shape=[None, s.size])
+        else:
+            dense = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size])
+        out[signature_name(name)] = _checked(fits, problem, tf.reshape(dense, [-1, *s.shape]))
     return out
 
 
@@ -93,9 +250,11 @@ class FeatureStats:
     strings: dict[str, list[str]] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
     count: int = 0
+    classes: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> class -> rows (no cap)
 
     def to_json(self) -> dict:
-        return {"numbers": self.numbers, "strings": self.strings, "missing": self.missing, "count": self.count}
+        return {"numbers": self.numbers, "strings": self.strings, "missing": self.missing, "count": self.count,
+                "classes": self.classes}
 
     @classmethod
     def from_json(cls, data: dict) -> "FeatureStats":
@@ -104,48 +263,90 @@ class FeatureStats:
             strings=data["strings"],
             missing=data.get("missing", {}),
             count=data.get("count", 0),
+            classes=data.get("classes", {}),
         )
 
 
-def compute_stats(batches, kinds: FeatureKinds) -> FeatureStats:
-    """One pass over parsed batches (dicts of `[batch, 1]` arrays)."""
+def class_name(value) -> str | None:
+    """A class label as text: strings as they are, integral numbers without a decimal point
+    (`Head.encode_label` writes them the same way); None when missing."""
+    if isinstance(value, bytes):
+        return value.decode() or None
+    if isinstance(value, str):
+        return value or None
+    if not math.isfinite(value):
+        return None
+    if value != int(value):
+        raise ValueError(f"a classification label holds {value}, not a whole number")
+    return str(int(value))
+
+
+def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
+    """One pass over parsed batches (dicts of `[batch, ...]` arrays). `classes`: label columns of
+    classification heads, whose every class is counted (numbers too). Batches and the returned
+    statistics are keyed by signature names, as parse_examples gives them."""
+    kinds = {signature_name(column): kind for column, kind in kinds.items()}
+    classes = [signature_name(column) for column in classes]
+    class_counts: dict[str, dict[str, int]] = {n: {} for n in classes}
     sums = {n: 0.0 for n, k in kinds.items() if is_number(k)}
     squares = dict(sums)
-    present = {n: 0 for n in kinds}
-    counts: dict[str, dict[str, int]] = {n: {} for n, k in kinds.items() if k == "string"}
+    present = {n: 0 for n in kinds}  # examples with a value
+    values_seen = {n: 0 for n in sums}
+    counts: dict[str, dict[str, int]] = {n: {} for n, k in kinds.items() if not is_number(k)}
     infinite = {n: 0 for n in sums}
     total = 0
     for batch in batches:
         size = next(iter(batch.values())).shape[0]
         total += size
         for name, kind in kinds.items():
-            values = np.asarray(batch[name]).reshape(-1)
+            rows = np.asarray(batch[name]).reshape(size, -1)
+            values = rows.reshape(-1)
             if is_number(kind):
-                ok = values[np.isfinite(values)].astype(np.float64)
+                finite = np.isfinite(values)
+                ok = values[finite].astype(np.float64)
                 infinite[name] += int(np.isinf(values).sum())
                 sums[name] += ok.sum()
                 squares[name] += (ok**2).sum()
-                present[name] += ok.size
+                values_seen[name] += ok.size
+                present[name] += int(np.isfinite(rows).any(axis=1).sum())
             else:
                 for value in values:
                     if value:
                         text = value.decode() if isinstance(value, bytes) else str(value)
                         counts[name][text] = counts[name].get(text, 0) + 1
-                        present[name] += 1
+                present[name] += int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
+            if name in class_counts:
+                for value in values:
+                    try:
+                        text = class_name(value.item() if hasattr(value, "item") else value)
+                    except ValueError as exc:
+                        raise ValueError(f"label '{name}': {exc}") from None
+                    if text is not None:
+                        class_counts[name][text] = class_counts[name].get(text, 0) + 1
     bad = {name: n for name, n in infinite.items() if n}
     if bad:
         log.warning("infinite values (counted as missing, like NaN): %s", bad)
     stats = FeatureStats(count=total)
     for name in sums:
-        n = max(present[name], 1)
+        n = max(values_seen[name], 1)
         mean = sums[name] / n
         var = max(squares[name] / n - mean**2, 0.0)
         stats.numbers[name] = (float(mean), float(math.sqrt(var)) or 1.0)
     for name, seen in counts.items():
         ranked = sorted(seen, key=lambda v: (-seen[v], v))
         stats.strings[name] = ranked[:MAX_VOCABULARY]
+        if len(ranked) > MAX_VOCABULARY and name not in class_counts:
+            rare = sum(seen[v] for v in ranked[MAX_VOCABULARY:])
+            log.warning("feature '%s': %d distinct values; the generic encoder one-hot encodes the %d most frequent, "
+                        "%d value(s) of the others encode as unseen (all zeros)", name, len(ranked), MAX_VOCABULARY, rare)
     stats.missing = {name: total - present[name] for name in kinds}
+    stats.classes = class_counts
     return stats
+
+
+def _flat(x: tf.Tensor) -> tf.Tensor:
+    """`[batch, ...]` to `[batch, values]` (a static width, for the layers after the encoder)."""
+    return tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])
 
 
 @keras.saving.register_keras_serializable(package="loopline")
@@ -161,7 +362,7 @@ class TabularEncoder(keras.layers.Layer):
     def call(self, features):
         parts = []
         for name, (mean, std) in sorted(self.numbers.items()):
-            x = tf.cast(features[name], tf.float32)
+            x = _flat(tf.cast(features[name], tf.float32))
             # NaN (missing) and +-inf both read as missing: one inf must not turn every answer into
             # NaN. (Not `!(abs(x) < inf)`: Grappler and the TFLite converter rewrite that to
             # `abs(x) >= inf`, which lets NaN through.)
@@ -169,8 +370,9 @@ class TabularEncoder(keras.layers.Layer):
             z = tf.where(missing, tf.zeros_like(x), (x - mean) / std)
             parts += [z, tf.cast(missing, tf.float32)]
         for name, vocabulary in sorted(self.strings.items()):
-            x = features[name]
-            parts.append(tf.cast(tf.equal(x, tf.constant(vocabulary, tf.string)[tf.newaxis, :]), tf.float32))
+            x = _flat(features[name])  # a list of strings: multi-hot (any position holds the value)
+            hits = tf.equal(x[:, :, tf.newaxis], tf.constant(vocabulary, tf.string)[tf.newaxis, tf.newaxis, :])
+            parts.append(tf.reduce_max(tf.cast(hits, tf.float32), axis=1))
         return tf.concat(parts, axis=-1)
 
     def get_config(self):

@@ -11,14 +11,17 @@ import tensorflow as tf
 
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
+MISSING_LABEL = -1
+UNSEEN_LABEL = -2
 
 
 @dataclass
 class Head:
     """One output of the model, named after the label column it predicts.
 
-    Classification labels are strings encoded as indices into `vocabulary` (-1 when missing or
-    unseen); regression labels are float32 (NaN when missing). Examples without a label are
+    Classification labels are strings (or whole numbers, written as text: 3 -> "3") encoded as
+    indices into `vocabulary` (MISSING_LABEL when missing, UNSEEN_LABEL for a class the training
+    split did not hold, counted as `<head>_unseen_label_examples`); regression labels are float32 (NaN when missing). Examples without a label are
     masked out of that head's loss, so a row missing one label still trains the other heads.
     """
 
@@ -29,6 +32,11 @@ class Head:
     std: float = 1.0
     weight: float = 1.0
     label_dtype: str = "string"  # how the label is stored in the tf.Examples: string, int64 or float32
+    column: str | None = None  # the label column, when `name` (its signature_name) differs
+
+    @property
+    def label_column(self) -> str:
+        return self.column or self.name
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -49,9 +57,15 @@ class Head:
         """Raw label column (`[batch, 1]`) to training targets (`[batch]`)."""
         if self.kind == CLASSIFICATION:
             values = tf.reshape(values, [-1])
+            if values.dtype != tf.string:  # whole numbers as text, NaN (missing) as "", others unseen
+                finite = tf.math.is_finite(values)
+                whole = tf.where(finite, values, 0.0)
+                text = tf.strings.as_string(tf.cast(whole, tf.int64))
+                values = tf.where(finite, tf.where(tf.equal(whole, tf.round(whole)), text, "<not a whole number>"), "")
             matches = tf.equal(values[:, tf.newaxis], tf.constant(self.vocabulary)[tf.newaxis, :])
             found = tf.reduce_any(matches, axis=1)
-            return tf.where(found, tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32), -1)
+            index = tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32)
+            return tf.where(found, index, tf.where(tf.equal(values, ""), MISSING_LABEL, UNSEEN_LABEL))
         return tf.reshape(tf.cast(values, tf.float32), [-1])
 
     def per_example_loss(self, target: tf.Tensor, prediction: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -101,6 +115,7 @@ class HeadTotals:
             self._add(f"{head.name}/loss_sum", tf.reduce_sum(loss))
             self._add(f"{head.name}/count", tf.reduce_sum(mask))
             if head.kind == CLASSIFICATION:
+                self._add(f"{head.name}/unseen", tf.reduce_sum(tf.cast(target == UNSEEN_LABEL, tf.float32)))
                 predicted = tf.argmax(prediction, axis=-1, output_type=tf.int32)
                 self._add(f"{head.name}/correct", tf.reduce_sum(tf.cast(predicted == target, tf.float32) * mask))
             else:
@@ -118,6 +133,7 @@ class HeadTotals:
             weighted += head.weight * metrics[f"{head.name}_loss"]
             if head.kind == CLASSIFICATION:
                 metrics[f"{head.name}_accuracy"] = self._sums.get(f"{head.name}/correct", 0.0) / count
+                metrics[f"{head.name}_unseen_label_examples"] = self._sums.get(f"{head.name}/unseen", 0.0)
             else:
                 metrics[f"{head.name}_rmse"] = math.sqrt(self._sums.get(f"{head.name}/squared_error", 0.0) / count)
             metrics[f"{head.name}_examples"] = examples

@@ -51,7 +51,8 @@ _CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
 
 
 def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> dict[str, tf.Tensor] | None:
-    """The whole split parsed, every column (labels included) a `[rows, 1]` tensor, or None when
+    """The whole split parsed, every column (labels included) a `[rows, ...]` tensor keyed by its
+    signature name, or None when
     they would take more than `max_bytes` (or the split is empty)."""
     chunks, size = [], 0
     for parsed in record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds)):
@@ -63,7 +64,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> di
         chunks.append(parsed)
     if not chunks:
         return None
-    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in kinds}
+    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
 
 
 def _rows(columns) -> int:
@@ -120,6 +121,7 @@ def training_stream(
     seed: int,
     skip_batches: int = 0,
     columns: dict[str, tf.Tensor] | None = None,
+    augment=None,
 ) -> tf.data.Dataset:
     """An endless stream of full (features, targets) batches, reshuffled each epoch: from
     `columns` (`load_in_memory`) when given, else streamed from the records.
@@ -127,13 +129,18 @@ def training_stream(
     With a fixed seed the stream is the same on every run, so resuming skips the batches a
     checkpoint says were consumed and continues exactly where training stopped. Full batches keep
     shapes static (one XLA compilation, even splits across replicas).
+
+    `augment(features, targets, rng)` (a model module's): applied to each training batch, `rng` a
+    stateless seed pair (int64 [2]) for `tf.random.stateless_*`, from `seed` and the batch's index,
+    so a resumed run sees the same augmentations.
     """
     if columns is not None:
         labels = {head.name for head in heads}
         features = {name: column for name, column in columns.items() if name not in labels}
         targets = {head.name: tf.concat([head.encode_label(columns[head.name][start:start + _CHUNK])
                                          for start in range(0, _rows(columns), _CHUNK)], axis=0) for head in heads}
-        return _in_memory_stream((features, targets), batch_size, seed, skip_batches, config)
+        return _augmented(_in_memory_stream((features, targets), batch_size, seed, skip_batches, config),
+                          augment, seed, skip_batches, config)
     dataset = record_dataset(file_pattern, config)
     if config.cache:
         dataset = dataset.cache()
@@ -142,7 +149,23 @@ def training_stream(
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     dataset = dataset.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic)
-    return _finish(dataset, config)
+    return _augmented(_finish(dataset, config), augment, seed, skip_batches, config)
+
+
+def _augmented(dataset: tf.data.Dataset, augment, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
+    if augment is None:
+        return dataset
+
+    def apply(index, batch):
+        features, targets = batch
+        out = augment(features, targets, tf.stack([tf.constant(seed, tf.int64), index]))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError("augment(features, labels, rng) must return (features, labels)")
+        return out
+
+    dataset = dataset.enumerate(start=skip_batches).map(apply, num_parallel_calls=tf.data.AUTOTUNE,
+                                                         deterministic=config.deterministic)
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def make_dataset(

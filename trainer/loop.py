@@ -19,18 +19,20 @@ import tensorflow as tf
 from trainer import optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
-from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds
+from serving.signature_names import signature_names_of
+from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
 from trainer.heads import CLASSIFICATION, Head, higher_is_better
 from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
     build_models,
     declared_head_kinds,
+    head_kinds,
     label_names,
     load_module,
     loss_weights_hook,
     make_head,
-    module_for_label,
+    module_for_data,
     split_at_encoder,
 )
 from trainer.speed import resolve_speed
@@ -144,8 +146,11 @@ def train(
     metric_sinks: Sequence[MetricSink] = (),
     kinds: FeatureKinds | None = None,
     work_dir: str | None = None,
+    label_kind: str = "auto",
+    max_classes: int | None = None,
 ) -> TrainResult:
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns).
+    `label_kind` and `max_classes` are data.label_kind and data.max_classes (`model.head_kinds`).
 
     With `work_dir`, checkpoints go to `<work_dir>/checkpoints` (and a run there resumes from
     the latest one, unless trainer.resume is false) and TensorBoard summaries to
@@ -153,7 +158,7 @@ def train(
     """
     _configure_runtime(config)
     try:
-        return _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds)
+        return _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds, label_kind, max_classes)
     finally:
         _reset_runtime(config)
 
@@ -317,7 +322,7 @@ def _compile_strings_out(model, kinds, dataset, config, jit: bool):
     """XLA cannot compile strings: with jit and string features, the encoder (constants, no
     weights) runs in tf.data and the compiled step trains the layers after it. Returns (the model
     the step calls, the dataset, jit); jit "auto" falls back when the model has no encoder."""
-    if not jit or not any(kind == "string" for kind in kinds.values()):
+    if not jit or all(is_number(kind) for kind in kinds.values()):
         return model, dataset, jit
     try:
         encoder, stepped = split_at_encoder(model, kinds)
@@ -331,27 +336,27 @@ def _compile_strings_out(model, kinds, dataset, config, jit: bool):
     return stepped, dataset, jit
 
 
-def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds) -> TrainResult:
+def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds, label_kind, max_classes) -> TrainResult:
     strategy = make_strategy(config.strategy)
     replicas = strategy.num_replicas_in_sync
     chief = is_chief(strategy)
-    module = module_for_label(load_module(config.module_file), label, config.module_file)
+    # What the data holds: feature kinds (from the schema when given), statistics, one head per label.
+    all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
+    signature_names_of(all_kinds)  # two columns with one name in the model: an error naming both
+    module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
     custom_step = getattr(module, "train_step", None)
     if custom_step is not None:
         refuse_keys_an_override_cannot_use(config)
-
-    # What the data holds: feature kinds (from the schema when given), statistics, one head per label.
-    all_kinds = dict(kinds) if kinds else infer_feature_kinds(train_pattern)
     labels = label_names(module, label)
     for name in labels:
         if name not in all_kinds:
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
     # A split that fits in memory is parsed once: the statistics and the training stream share it.
     columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size)
+    label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
     stats = compute_stats(column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds),
-                          all_kinds)
-    declared = declared_head_kinds(module)
-    heads = [make_head(name, all_kinds[name], stats, declared.get(name)) for name in labels]
+                          all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
+    heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     kinds = {k: v for k, v in all_kinds.items() if k not in labels}
     if config.batch_size % replicas:
         raise ValueError(f"trainer.batch_size={config.batch_size} must divide evenly across {replicas} replicas")
@@ -397,7 +402,8 @@ def _train(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, k
     step = checkpoints.start(config.resume, step_var)
 
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
-                              skip_batches=int(batches_var.numpy()), columns=columns)
+                              skip_batches=int(batches_var.numpy()), columns=columns,
+                              augment=getattr(module, "augment", None))
     stepped, dataset, jit = _compile_strings_out(model, kinds, dataset, config, speed.jit_compile and not custom_step)
     jit = jit or (speed.jit_compile and custom_step is not None)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))

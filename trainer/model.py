@@ -3,6 +3,8 @@
 A model module is a Python file that may define:
   LABELS: list[str] or dict[str, str]      label columns, one head each (default: data.label); a dict
                                             also declares each head "classification" or "regression"
+                                            (this wins over data.label_kind; a contradiction is an error).
+                                            The module applies only to data holding every one of them.
   build_model(ctx: ModelContext) -> keras.Model   outputs a dict {head name: tensor}
   loss_weights(step, losses[, model]) -> dict   per-head weights from the step (a tf.Tensor), this
                                             batch's per-head losses and the model (e.g. learned
@@ -11,6 +13,10 @@ A model module is a Python file that may define:
                                             split; select(targets, outputs) -> (y_true, y_pred[, sample_weight])
   metrics(targets, outputs) -> dict         extra eval metrics as batch means (right for plain means
                                             only: use build_metrics for AUC, precision...)
+  preprocess(features) -> features          a transform inside the model (same keys and shapes): the
+                                            exported signatures and TFLite run it too
+  augment(features, labels, rng) -> (features, labels)   on training batches only; rng is a
+                                            stateless seed pair for tf.random.stateless_* ops
 Anything it leaves out falls back to the generic tabular model.
 
 For full control of the step (e.g. a GAN with two optimizers) it may instead define:
@@ -34,7 +40,8 @@ from types import ModuleType
 import keras
 import tensorflow as tf
 
-from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, is_number
+from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number, is_scalar
+from serving.signature_names import signature_name
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
 
 log = logging.getLogger("loopline.trainer")
@@ -44,7 +51,7 @@ log = logging.getLogger("loopline.trainer")
 class ModelContext:
     """What a model builder gets: the input features, their statistics and the heads."""
 
-    kinds: FeatureKinds  # input features only (labels removed)
+    kinds: FeatureKinds  # input features only (labels removed), by column name
     stats: FeatureStats
     heads: list[Head]
     hparams: dict = field(default_factory=dict)
@@ -53,14 +60,17 @@ class ModelContext:
     learning_rates: dict = field(default_factory=dict)
 
     def inputs(self) -> dict[str, keras.KerasTensor]:
+        """One input per feature, keyed (and named) by its signature_name."""
         return {
-            name: keras.Input(shape=(1,), dtype="float32" if is_number(kind) else "string", name=name)
-            for name, kind in self.kinds.items()
+            signature_name(column): keras.Input(shape=feature_shape(kind), dtype="float32" if is_number(kind) else "string",
+                                                name=signature_name(column))
+            for column, kind in self.kinds.items()
         }
 
     def encoder(self) -> TabularEncoder:
-        numbers = {k: v for k, v in self.stats.numbers.items() if k in self.kinds}
-        strings = {k: v for k, v in self.stats.strings.items() if k in self.kinds}
+        names = {signature_name(column) for column in self.kinds}
+        numbers = {k: v for k, v in self.stats.numbers.items() if k in names}
+        strings = {k: v for k, v in self.stats.strings.items() if k in names}
         return TabularEncoder(numbers, strings, name="encoder")
 
 
@@ -76,7 +86,7 @@ def build_tabular_model(ctx: ModelContext, hidden_units=(64, 64)) -> keras.Model
 def split_at_encoder(model: keras.Model, kinds: FeatureKinds) -> tuple[keras.Layer, keras.Model]:
     """(the model's encoder, a model from the encoder's output to the outputs, sharing weights),
     so a compiled (XLA) step can skip the string inputs XLA cannot take."""
-    strings = sorted(k for k, v in kinds.items() if v == "string")
+    strings = sorted(k for k, v in kinds.items() if not is_number(v))
     try:
         encoder = model.get_layer("encoder")
         return encoder, keras.Model(encoder.output, model.output, name=f"{model.name}_after_encoder")
@@ -86,21 +96,48 @@ def split_at_encoder(model: keras.Model, kinds: FeatureKinds) -> tuple[keras.Lay
                          "turn jit_compile off or feed numbers") from None
 
 
-def make_head(name: str, kind: str, stats: FeatureStats, expected: str | None = None) -> Head:
-    """A head for label column `name`: classification for strings, regression for numbers.
-    `expected` is the head kind the model module declares, checked against the data."""
-    found = REGRESSION if is_number(kind) else CLASSIFICATION
-    if expected is not None and expected != found:
-        hint = " (text in a numeric column?)" if expected == REGRESSION else ""
-        raise ValueError(f"label '{name}': the model module declares {expected}, but the data holds "
-                         f"{'numbers' if is_number(kind) else 'strings'}{hint}")
-    if is_number(kind):
+def head_kinds(labels: list[str], kinds: FeatureKinds, declared: dict[str, str], label_kind: str) -> dict[str, str]:
+    """Each label's head kind: the module's declaration, else data.label_kind, else auto
+    (classification for strings, regression for numbers). Errors name the label."""
+    out = {}
+    for name in labels:
+        kind = kinds[name]
+        if not is_scalar(kind):
+            raise ValueError(f"label '{name}' is a {kind} feature; a label holds one value per example")
+        wanted = declared.get(name)
+        if wanted and label_kind != "auto" and wanted != label_kind:
+            raise ValueError(f"label '{name}': the model module declares {wanted}, but data.label_kind is {label_kind}")
+        who = "the model module declares" if wanted else "data.label_kind is"
+        wanted = wanted or (label_kind if label_kind != "auto" else None)
+        found = REGRESSION if is_number(kind) else CLASSIFICATION
+        if wanted == REGRESSION and found == CLASSIFICATION:
+            raise ValueError(f"label '{name}': {who} regression, but the data holds strings "
+                             "(text in a numeric column?)")
+        out[name] = wanted or found
+    return out
+
+
+def make_head(name: str, kind: str, stats: FeatureStats, head_kind: str | None = None,
+              max_classes: int | None = None) -> Head:
+    """A head for label column `name` of the given head kind (`head_kinds`). A classification
+    head's vocabulary is every class of the training split, or the `max_classes` most frequent
+    (the rows of the others are counted and logged: they are left out of loss and accuracy)."""
+    head_kind = head_kind or head_kinds([name], {name: kind}, {}, "auto")[name]
+    column, name = name, signature_name(name)
+    kept = None if column == name else column
+    if head_kind == REGRESSION:
         mean, std = stats.numbers[name]
-        return Head(name, REGRESSION, mean=mean, std=std, label_dtype=kind)
-    vocabulary = stats.strings.get(name) or []
-    if len(vocabulary) < 2:
-        raise ValueError(f"label '{name}' has {len(vocabulary)} distinct value(s) in the training split; need 2 or more")
-    return Head(name, CLASSIFICATION, vocabulary=sorted(vocabulary))
+        return Head(name, REGRESSION, mean=mean, std=std, label_dtype=kind, column=kept)
+    counts = stats.classes.get(name) or {value: 1 for value in stats.strings.get(name, [])}
+    if len(counts) < 2:
+        raise ValueError(f"label '{column}' has {len(counts)} distinct value(s) in the training split; need 2 or more")
+    ranked = sorted(counts, key=lambda v: (-counts[v], v))
+    if max_classes is not None and len(ranked) > max_classes:
+        dropped = sum(counts[v] for v in ranked[max_classes:])
+        log.warning("label '%s': data.max_classes=%d keeps %d of %d classes; %d training row(s) of the other "
+                    "classes are left out of loss and accuracy", column, max_classes, max_classes, len(ranked), dropped)
+        ranked = ranked[:max_classes]
+    return Head(name, CLASSIFICATION, vocabulary=sorted(ranked), label_dtype=kind, column=kept)
 
 
 def load_module(path: str | None) -> ModuleType | None:
@@ -127,13 +164,17 @@ def label_names(module: ModuleType | None, default_label: str) -> list[str]:
     return [default_label] if labels is None else list(labels)  # [] is allowed: no heads (e.g. a GAN)
 
 
-def module_for_label(module: ModuleType | None, label: str, path: str | None) -> ModuleType | None:
-    """A module written for other labels (the default penguins module on a user's CSV) gives way
-    to the generic tabular model, so `--set data.path=... --set data.label=...` is enough."""
+def module_for_data(module: ModuleType | None, label: str, columns, path: str | None) -> ModuleType | None:
+    """A module applies only to data holding all its labels: one written for other data (the
+    default penguins module on a user's CSV) gives way to the generic tabular model, with one
+    warning, so `--set data.path=... --set data.label=...` is enough."""
     labels = getattr(module, "LABELS", None)
-    if labels and label not in labels:
-        log.warning("trainer.module_file %s predicts %s, not data.label '%s': using the generic tabular model",
-                    path, sorted(labels), label)
+    if labels is None:
+        return module
+    missing = sorted(set(labels) - set(columns))
+    if missing or (labels and label not in labels):
+        reason = f"labels {missing} are not in the data" if missing else f"it does not predict data.label '{label}'"
+        log.warning("trainer.module_file %s is for other data (%s): using the generic tabular model", path, reason)
         return None
     return module
 
@@ -172,9 +213,41 @@ def build_models(module: ModuleType | None, ctx: ModelContext) -> dict[str, kera
     return models
 
 
+@keras.saving.register_keras_serializable(package="loopline")
+class Preprocess(keras.layers.Layer):
+    """The model module's `preprocess(features) -> features` as the model's first layer, so the
+    SavedModel's signatures and the TFLite models run the same transform as training. It keeps
+    the features' names and shapes. Saved by the module's path (its code is not serialized)."""
+
+    def __init__(self, module_file: str, **kwargs):
+        super().__init__(**kwargs)
+        self.module_file = module_file
+        self._preprocess = load_module(module_file).preprocess
+
+    def call(self, features):
+        out = self._preprocess(dict(features))
+        if not isinstance(out, dict) or set(out) != set(features):
+            raise ValueError(f"preprocess(features) in {self.module_file} must return a dict with the same keys "
+                             f"{sorted(features)}")
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "module_file": self.module_file}
+
+
+def with_preprocess(module: ModuleType | None, ctx: ModelContext, model: keras.Model) -> keras.Model:
+    """`model` behind the module's `preprocess` hook, when it has one."""
+    if getattr(module, "preprocess", None) is None:
+        return model
+    inputs = ctx.inputs()
+    outputs = model(Preprocess(module.__file__, name="preprocess")(inputs))
+    return keras.Model(inputs, {name: keras.layers.Identity(name=name)(outputs[name]) for name in outputs},
+                       name=model.name)
+
+
 def build_model(module: ModuleType | None, ctx: ModelContext) -> keras.Model:
     builder = getattr(module, "build_model", None)
-    model = builder(ctx) if builder else build_tabular_model(ctx)
+    model = with_preprocess(module, ctx, builder(ctx) if builder else build_tabular_model(ctx))
     missing = {h.name for h in ctx.heads} - set(model.output_names)
     if missing:
         raise ValueError(f"the model has no output for head(s) {sorted(missing)}; outputs are {model.output_names}")

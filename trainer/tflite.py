@@ -40,6 +40,7 @@ class VariantReport:
     latency_ms: float | None = None  # median single-example invocation
     examples: int = 0
     problems: list[str] = field(default_factory=list)
+    dropped: bool = False  # failed parity, not required (export.required_variants): its file was removed
 
     @property
     def passed(self) -> bool:

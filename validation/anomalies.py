@@ -169,6 +169,14 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
     elif feature.presence.min_count and present < feature.presence.min_count:
         out.add(name, T.FEATURE_TYPE_LOW_NUMBER_PRESENT, "Too few values",
                 f"'{name}' has {present} values (at least {feature.presence.min_count} expected).")
+    # Values per example: more than the schema's value_count.max or shape holds (the trainer would refuse them).
+    allowed = int(np.prod([d.size for d in feature.shape.dim])) if feature.HasField("shape") else \
+        feature.value_count.max if feature.HasField("value_count") and feature.value_count.max else None
+    if allowed is not None and present and common.max_num_values > allowed:
+        out.add(name, T.FEATURE_TYPE_HIGH_NUMBER_VALUES, "Too many values per example",
+                f"'{name}' has examples with {common.max_num_values} values; the schema allows {allowed}.")
+    if feature.HasField("image_domain"):
+        return  # encoded images: no string domain
     if actual == schema_pb2.BYTES:
         counts = value_counts(stats)
         allowed = string_domain(schema, feature)

@@ -64,6 +64,10 @@ def _summary(stats: FNS, num_examples: int) -> str:
     if stats.type in (FNS.INT, FNS.FLOAT):
         n = stats.num_stats
         return f"missing {missing:.1%}; mean {n.mean:.4g}, std {n.std_dev:.4g}, min {n.min:.4g}, median {n.median:.4g}, max {n.max:.4g}"
+    if stats.HasField("bytes_stats"):  # encoded images
+        b = stats.bytes_stats
+        return (f"missing {missing:.1%}; images, {b.unique} distinct; bytes min {b.min_num_bytes:g}, "
+                f"avg {b.avg_num_bytes:.4g}, max {b.max_num_bytes:g}")
     s = stats.string_stats
     top = ", ".join(f"{v.value} ({v.frequency:g})" for v in s.top_values[:5])
     return f"missing {missing:.1%}; {s.unique} distinct; top: {top}"

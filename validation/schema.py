@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from validation.config import ValidationConfig
-from validation.statistics import common_stats, value_counts
+from validation.statistics import common_stats, is_image_feature, value_counts
 
 SCHEMA_FILE = "schema.pbtxt"  # tfx.components.schema_gen.executor.DEFAULT_FILE_NAME
 
@@ -50,6 +50,14 @@ def infer_schema(stats: statistics_pb2.DatasetFeatureStatistics, config: Validat
         if common.max_num_values <= 1:
             feature.value_count.min = 1
             feature.value_count.max = 1
+        elif common.min_num_values == common.max_num_values and not common.num_missing:
+            feature.shape.dim.add(size=common.max_num_values)  # TFDV: the same count in every example
+        else:
+            feature.value_count.min = common.min_num_values
+            feature.value_count.max = common.max_num_values
+        if is_image_feature(feature_stats):
+            feature.image_domain.SetInParent()  # no string domain, no drift on blobs
+            continue
         if feature.type == schema_pb2.BYTES:
             unique = feature_stats.string_stats.unique
             # A mostly numeric string column is a broken numeric column, not a category set:

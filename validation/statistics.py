@@ -93,30 +93,60 @@ class _Numbers:
         return np.asarray(self.sketch.GetQuantiles(buckets).flatten(), np.float64)
 
 
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")  # PNG, JPEG, GIF, BMP (TFDV's image formats)
+
+
+def _is_image(values: pa.Array) -> np.ndarray:
+    starts = [pc.starts_with(values.cast(pa.large_binary()), pattern=magic) for magic in _IMAGE_MAGIC]
+    hits = starts[0]
+    for more in starts[1:]:
+        hits = pc.or_(hits, more)
+    return np.asarray(hits.fill_null(False), bool)
+
+
 class _Strings:
-    """Top values (Misra-Gries), distinct count (KMV) and total length of a string feature."""
+    """Top values (Misra-Gries), distinct count (KMV) and total length of a string feature.
+    Encoded images (by their first bytes) are counted, sized and hashed into KMV, but kept out of
+    the top values: a feature of images gets TFDV's bytes statistics, not a rank histogram of blobs."""
 
     def __init__(self):
         self.top = sketches.MisraGriesSketch(RANK_BUCKETS)
         self.distinct = sketches.KmvSketch(UNIQUE_BUCKETS)
         self.count, self.length = 0, 0
+        self.images, self.min_bytes, self.max_bytes = 0, None, None
 
     def add(self, values: pa.Array) -> None:
-        self.top.AddValues(values)
         self.distinct.AddValues(values)
+        images = _is_image(values) if len(values) else np.zeros(0, bool)
+        self.top.AddValues(values.filter(pa.array(~images)) if images.any() else values)
         self.count += len(values)
-        self.length += int(pc.sum(pc.binary_length(values)).as_py() or 0)
+        lengths = np.asarray(pc.binary_length(values).fill_null(0), np.int64)
+        self.length += int(lengths.sum())
+        self.images += int(images.sum())
+        if len(lengths):
+            low, high = int(lengths.min()), int(lengths.max())
+            self.min_bytes = low if self.min_bytes is None else min(self.min_bytes, low)
+            self.max_bytes = high if self.max_bytes is None else max(self.max_bytes, high)
+
+    @property
+    def all_images(self) -> bool:
+        return self.count > 0 and self.images == self.count
 
     def merge(self, other: "_Strings") -> None:
         self.top.Merge(other.top)
         self.distinct.Merge(other.distinct)
         self.count, self.length = self.count + other.count, self.length + other.length
+        self.images += other.images
+        for attr, pick in (("min_bytes", min), ("max_bytes", max)):
+            mine, theirs = getattr(self, attr), getattr(other, attr)
+            setattr(self, attr, theirs if mine is None else mine if theirs is None else pick(mine, theirs))
 
     def __getstate__(self):  # the sketches pickle through their own serialization
-        return self.top.Serialize(), self.distinct.Serialize(), self.count, self.length
+        return (self.top.Serialize(), self.distinct.Serialize(), self.count, self.length, self.images,
+                self.min_bytes, self.max_bytes)
 
     def __setstate__(self, state):
-        top, distinct, self.count, self.length = state
+        top, distinct, self.count, self.length, self.images, self.min_bytes, self.max_bytes = state
         self.top = sketches.MisraGriesSketch.Deserialize(top)
         self.distinct = sketches.KmvSketch.Deserialize(distinct)
 
@@ -252,8 +282,29 @@ def _numeric(name: str, summary: FeatureSummary, total: int) -> FNS:
     return FNS(name=name, type=FNS.INT if summary.kind == "INT" else FNS.FLOAT, num_stats=stats)
 
 
+IMAGE_DOMAIN_INFO = "image_domain {}"  # TFDV's custom statistic "domain_info" for an image feature
+
+
+def _image_bytes(name: str, summary: FeatureSummary, total: int) -> FNS:
+    """TFDV's layout for a feature of encoded images: BYTES with bytes_stats, and the
+    `domain_info` custom statistic that schema inference turns into `image_domain`."""
+    strings = summary.strings
+    stats = statistics_pb2.BytesStatistics(common_stats=summary.common(total), unique=strings.distinct.Estimate(),
+                                           avg_num_bytes=strings.length / strings.count,
+                                           min_num_bytes=strings.min_bytes, max_num_bytes=strings.max_bytes)
+    feature = FNS(name=name, type=FNS.BYTES, bytes_stats=stats)
+    feature.custom_stats.add(name="domain_info", str=IMAGE_DOMAIN_INFO)
+    return feature
+
+
+def is_image_feature(feature: FNS) -> bool:
+    return any(c.name == "domain_info" and c.str == IMAGE_DOMAIN_INFO for c in feature.custom_stats)
+
+
 def _string(name: str, summary: FeatureSummary, total: int) -> FNS:
     strings = summary.strings
+    if strings.all_images:
+        return _image_bytes(name, summary, total)
     stats = statistics_pb2.StringStatistics(common_stats=summary.common(total), unique=strings.distinct.Estimate())
     if strings.count:
         stats.avg_length = strings.length / strings.count
@@ -336,7 +387,8 @@ def read_statistics(split_dir: str) -> statistics_pb2.DatasetFeatureStatistics:
 
 def common_stats(feature: statistics_pb2.FeatureNameStatistics) -> statistics_pb2.CommonStatistics:
     which = feature.WhichOneof("stats")
-    return getattr(feature, which).common_stats if which in ("num_stats", "string_stats") else statistics_pb2.CommonStatistics()
+    return getattr(feature, which).common_stats if which in ("num_stats", "string_stats", "bytes_stats") \
+        else statistics_pb2.CommonStatistics()
 
 
 def value_counts(feature: statistics_pb2.FeatureNameStatistics) -> dict[str, float]:
