@@ -90,6 +90,13 @@ def _reset_runtime(config: TrainerConfig) -> None:
     keras.config.set_dtype_policy("float32")
     if config.debug:
         tf.config.run_functions_eagerly(False)
+    if config.deterministic:  # process-wide: a later training in this process must not inherit it
+        try:
+            from tensorflow.python.framework import config as tf_config  # the public API can only turn it on
+
+            tf_config.disable_op_determinism()
+        except Exception as exc:  # a private TF function: if it moves, say so and keep going
+            log.warning("could not turn TF op determinism off after training (%s: %s)", type(exc).__name__, exc)
 
 
 def refuse_keys_an_override_cannot_use(config: TrainerConfig) -> None:
