@@ -42,7 +42,8 @@ def test_server_killed_mid_training_then_back(tmp_path):
     watcher = threading.Thread(target=_kill_when_metrics_arrive, args=(server, stop, killed), daemon=True)
     root = tmp_path / "workspace"
     overrides = [f"mlflow.tracking_uri={server.uri}", f"trainer.epochs={EPOCHS}", "mlflow.flush_interval_s=0",
-                 "mlflow.close_timeout_s=10", "mlflow.http_retries=1"]
+                 "mlflow.close_timeout_s=10", "mlflow.http_retries=1",
+                 "trainer.steps_per_loop=1"]  # a metric value per step, so the outage falls mid-training
     try:
         watcher.start()
         config = make_config(root, *overrides)
