@@ -16,13 +16,12 @@ from mlflow.models import infer_signature
 from serving import signature_names as names
 
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
-SIGNATURE_FILE = os.path.join(names.ASSETS_EXTRA, names.SIGNATURE_FILE)
 
 
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
     """A small DataFrame of the model's input features; numbers as float64, so clients may send
     ints or floats. Prefers complete records."""
-    features = json.loads(Path(saved_model_dir, SIGNATURE_FILE).read_text())["features"]
+    features = json.loads(Path(names.signature_file(saved_model_dir)).read_text())["features"]
     complete = [r for r in records if all(r.get(name) is not None for name in features)]
     chosen = (complete or records)[:rows]
     if not chosen:

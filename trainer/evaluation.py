@@ -17,7 +17,7 @@ from trainer.heads import CLASSIFICATION, Head, HeadTotals, higher_is_better
 from trainer.inputs import record_dataset
 
 def _description_path(saved_model_dir: str) -> str:
-    return os.path.join(saved_model_dir, names.ASSETS_EXTRA, names.SIGNATURE_FILE)
+    return names.signature_file(saved_model_dir)
 
 
 def read_description(saved_model_dir: str) -> dict:
