@@ -38,7 +38,7 @@ def Evaluator(
     cannot read the new data does not refuse the candidate: it is blessed on the thresholds alone."""
     from trainer.evaluation import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
-    from trainer.export_config import EvaluatorConfig
+    from trainer.evaluator_config import EvaluatorConfig
 
     log = logging.getLogger("loopline.evaluator")
     config = EvaluatorConfig.model_validate_json(evaluator_config)

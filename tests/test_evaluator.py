@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.evaluation import decide, read_examples
-from trainer.export_config import Bound, EvaluatorConfig
+from trainer.evaluator_config import Bound, EvaluatorConfig
 from trainer.features import parse_examples
 from trainer.warmup import read_warmup
 

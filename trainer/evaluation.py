@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from serving import signature_names as names
-from trainer.export_config import EvaluatorConfig
+from trainer.evaluator_config import EvaluatorConfig
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals, higher_is_better
 from trainer.inputs import record_dataset
