@@ -13,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 from tests.trainer_data import binary_splits, regression_splits
 from tests.trainer_modules import Recorder
 from trainer.config import TrainerConfig
-from trainer.evaluation import decide
+from trainer.blessing import decide
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
