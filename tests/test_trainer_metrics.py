@@ -82,6 +82,7 @@ def test_speed_auto_picks_the_fast_settings_where_safe():
     assert resolve_speed(auto, 2, False, False, 100) == Speed(False, 32)  # replicas: XLA off
     assert resolve_speed(auto, 1, False, True, 100) == Speed(False, 32)  # train_step override: XLA off
     assert resolve_speed(TrainerConfig(debug=True), 1, False, False, 100) == Speed(False, 1)
+    assert resolve_speed(TrainerConfig(deterministic=True), 1, False, False, 100) == Speed(False, 32)  # no deterministic XLA MaxPoolGrad
     explicit = TrainerConfig(jit_compile=False, steps_per_loop=5)
     assert resolve_speed(explicit, 1, False, False, 100) == Speed(False, 5)
     with pytest.raises(ValueError, match="trainer.jit_compile=true cannot apply with trainer.debug=true"):
@@ -164,3 +165,17 @@ def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog
     assert "trainer.jit_compile=auto: XLA off (trainer.jit_compile: XLA cannot compile the string features" in caplog.text
     with pytest.raises(ValueError, match="no single 'encoder' layer"):
         train(config.model_copy(update={"jit_compile": True}), *splits, "species")
+
+
+def test_op_determinism_ends_with_the_training_that_asked_for_it(tmp_path):
+    """Op determinism is process-wide: left on, it breaks a later training in the same process
+    (e.g. XLA has no deterministic MaxPool gradient)."""
+    from tensorflow.python.framework import config as tf_config
+
+    from trainer.loop import _configure_runtime, _reset_runtime
+
+    config = TrainerConfig(deterministic=True)
+    _configure_runtime(config)
+    assert tf_config.is_op_determinism_enabled()
+    _reset_runtime(config)
+    assert not tf_config.is_op_determinism_enabled()

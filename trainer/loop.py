@@ -8,6 +8,7 @@ below the last step it runs the steps up to the next event, then the actions bet
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Sequence
 
@@ -22,6 +23,8 @@ from trainer.split_eval import evaluate
 from trainer.step_context import StepContext
 from trainer.steps import accuracy_counts, build_run_steps, head_losses
 from trainer.summaries import MetricSink
+
+log = logging.getLogger("loopline.trainer")
 
 __all__ = ["EarlyStopping", "MetricSink", "StepContext", "TrainResult", "accuracy_counts", "diagnostics",
            "evaluate", "head_losses", "train"]
@@ -100,3 +103,10 @@ def _reset_runtime(config: TrainerConfig) -> None:
     keras.config.set_dtype_policy("float32")
     if config.debug:
         tf.config.run_functions_eagerly(False)
+    if config.deterministic:  # process-wide: a later training in this process must not inherit it
+        try:
+            from tensorflow.python.framework import config as tf_config  # the public API can only turn it on
+
+            tf_config.disable_op_determinism()
+        except Exception as exc:  # a private TF function: if it moves, say so and keep going
+            log.warning("could not turn TF op determinism off after training (%s: %s)", type(exc).__name__, exc)

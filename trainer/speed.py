@@ -26,6 +26,8 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool) -> li
         reasons.append("trainer.debug runs the step eagerly")
     if custom_step:
         reasons.append("the module's own train_step may hold ops XLA cannot compile")
+    if config.deterministic:
+        reasons.append("trainer.deterministic: some ops have no deterministic XLA kernel (e.g. MaxPool's gradient)")
     return reasons
 
 
