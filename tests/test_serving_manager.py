@@ -7,7 +7,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from serving import manager as manager_module
 from serving.config import ServingConfig
 from serving.manager import ModelManager
-from serving.storage_source import wanted_versions
+from serving.storage_source import aspired_versions, folder_fingerprint, wanted_versions
 
 
 def _entry(**labels) -> model_server_config_pb2.ModelConfig:
@@ -31,6 +31,19 @@ def test_wanted_versions_follows_the_version_policy():
 
 def test_wanted_versions_keeps_labelled_versions_that_exist():
     assert wanted_versions(_entry(stable=2, gone=9), [1, 2, 3]) == [2, 3]
+
+
+def test_a_failed_version_is_retried_only_once_its_files_change(tmp_path):
+    for version in (1, 2):
+        (tmp_path / str(version)).mkdir()
+        (tmp_path / str(version) / "saved_model.pb").write_bytes(b"x")
+    entry = _entry()
+    entry.base_path = str(tmp_path)
+    entry.model_version_policy.all.SetInParent()
+    failed = {2: (folder_fingerprint(str(tmp_path / "2")), "ValueError: broken")}
+    assert aspired_versions(entry, failed) == [1]
+    (tmp_path / "2" / "saved_model.pb").write_bytes(b"fixed")  # new files: tried again
+    assert aspired_versions(entry, failed) == [1, 2]
 
 
 class _PausingDict(dict):
