@@ -112,6 +112,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
               metric_sinks: Sequence[MetricSink], work_dir: str | None, kinds: FeatureKinds | None,
               label_kind: str, max_classes: int | None) -> Run:
     strategy = make_strategy(config.strategy)
+    chief = is_chief(strategy)
     data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes)
     steps_per_epoch, total_steps = _run_length(config, data["stats"])
     replicas = strategy.num_replicas_in_sync
@@ -129,7 +130,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
         os.path.join(work_dir, "checkpoints") if work_dir else None,
         keep=config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps or steps_per_epoch,
-        chief=is_chief(strategy),
+        chief=chief,
         step=step_var, batches_consumed=batches_var, rng=rng,
         **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
     )
@@ -139,7 +140,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     if config.unroll_steps > 1 and not (replicas == 1 and not custom):
         log.warning("trainer.unroll_steps=%d applies on one replica without a train_step override; running "
                     "one step per call", config.unroll_steps)
-    return Run(config=config, strategy=strategy, chief=is_chief(strategy), module=module, ctx=data["ctx"],
+    return Run(config=config, strategy=strategy, chief=chief, module=module, ctx=data["ctx"],
                all_kinds=data["all_kinds"], stats=data["stats"], heads=data["heads"],
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, speed=speed, models=models,
                optimizers=optimizers, rng=rng, model=model, export_model=export_model, step_var=step_var,
