@@ -100,6 +100,10 @@ class Executor(BaseExampleGenExecutor):
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:
         raise NotImplementedError("reads record batches in GenerateExamplesByBeam")
 
+    def _examples(self, pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None):
+        """One input split's framed records tagged by output split name (other formats override it)."""
+        return _examples(pipeline, label, pattern, split_names, buckets)
+
     def GenerateExamplesByBeam(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, beam.PCollection]:
         """Framed-record PCollections by output split name."""
         input_config = example_gen_pb2.Input()
@@ -110,16 +114,16 @@ class Executor(BaseExampleGenExecutor):
         input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
         if output_config.split_config.splits:
             if output_config.split_config.HasField("partition_feature_name"):
-                raise ValueError("the Arrow CSV ExampleGen splits by whole examples; use data.example_gen: stock")
+                raise ValueError("loopline's ExampleGens split by whole examples (no partition_feature_name)")
             buckets, total = [], 0
             for split in output_config.split_config.splits:
                 total += split.hash_buckets
                 buckets.append(total)
             pattern = os.path.join(input_base, input_config.splits[0].pattern)
-            tagged = _examples(pipeline, "all", pattern, split_names, buckets)
+            tagged = self._examples(pipeline, "all", pattern, split_names, buckets)
             return {name: tagged[name] for name in split_names}
         return {
-            name: _examples(pipeline, name, os.path.join(input_base, split.pattern), [name], None)[name]
+            name: self._examples(pipeline, name, os.path.join(input_base, split.pattern), [name], None)[name]
             for name, split in zip(split_names, input_config.splits)
         }
 

@@ -4,17 +4,12 @@ split names, TFX's hash-bucket split rule on the serialized examples, GZIP TFRec
 pipeline, one element per file (or per Parquet row group), so `pipeline.beam_args` applies."""
 from __future__ import annotations
 
-import os
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import apache_beam as beam
 from tfx.components.example_gen import component as example_gen_component
-from tfx.components.example_gen import utils
 from tfx.dsl.components.base import executor_spec
 from tfx.dsl.io import fileio
-from tfx.proto import example_gen_pb2
-from tfx.utils import proto_utils
-from tfx.types import standard_component_specs
 
 from components import csv_example_gen
 from ingestion import csv_records, file_records
@@ -43,24 +38,6 @@ class _FilesExecutor(csv_example_gen.Executor):
             raise RuntimeError(f"Split pattern {pattern} does not match any files.")
         return (pipeline | f"Files[{label}]" >> beam.Create(files)
                 | f"Read[{label}]" >> beam.ParDo(_SplitRecords(type(self).read, split_names, buckets)).with_outputs(*split_names))
-
-    def GenerateExamplesByBeam(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, beam.PCollection]:
-        input_config = example_gen_pb2.Input()
-        proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
-        output_config = example_gen_pb2.Output()
-        proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
-        split_names = utils.generate_output_split_names(input_config, output_config)
-        input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
-        if output_config.split_config.splits:
-            buckets, total = [], 0
-            for split in output_config.split_config.splits:
-                total += split.hash_buckets
-                buckets.append(total)
-            tagged = self._examples(pipeline, "all", os.path.join(input_base, input_config.splits[0].pattern),
-                                    split_names, buckets)
-            return {name: tagged[name] for name in split_names}
-        return {name: self._examples(pipeline, name, os.path.join(input_base, split.pattern), [name], None)[name]
-                for name, split in zip(split_names, input_config.splits)}
 
 
 class _ParquetExecutor(_FilesExecutor):
