@@ -50,14 +50,19 @@ def Evaluator(
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because)
     log.info("model %s", decision.summary())
 
-    with open(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w"):
-        pass
-    with open(os.path.join(blessing.uri, "blessing.json"), "w") as f:
-        json.dump(decision.to_json(), f, indent=2)
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(blessing.uri)  # Kubeflow's launcher does not create output folders
+    with tf.io.gfile.GFile(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w") as f:
+        f.write("")  # GFile creates the file on the first write
+    with tf.io.gfile.GFile(os.path.join(blessing.uri, "blessing.json"), "w") as f:
+        f.write(json.dumps(decision.to_json(), indent=2))
     report_path = os.path.join(model.uri, REPORT_JSON)
-    if os.path.isfile(report_path):
-        with open(report_path) as f:
+    if tf.io.gfile.exists(report_path):
+        with tf.io.gfile.GFile(report_path) as f:
             write_report(blessing.uri, json.load(f), decision.to_json())
+    else:
+        log.warning("no export report at %s; the blessing has no report beside it", report_path)
 
     blessing.set_int_custom_property("blessed", 1 if decision.blessed else 0)
     blessing.set_string_custom_property("current_model", model.uri)

@@ -25,6 +25,9 @@ class RegistrarSpec(ComponentSpec):
         "registered_model": ExecutionParameter(type=str),
         "params": ExecutionParameter(type=str),  # the resolved config, flat, as JSON
         "pipeline_name": ExecutionParameter(type=str),
+        # Where the orchestrator does not hand the executor its run id (Kubeflow's v2 entry
+        # point), the spec passes it: the KFP placeholder {{$.pipeline_job_uuid}}.
+        "pipeline_run_id": ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         "model": ChannelParameter(type=standard_artifacts.Model),
@@ -89,11 +92,14 @@ class RegistrarExecutor(base_executor.BaseExecutor):
         blessing = _one(input_dict, "blessing")
         pushed = _one(input_dict, "pushed_model")
         examples = _one(input_dict, "examples")
+        # The Artifact getters, not the raw protos: on Kubeflow, properties arrive as JSON values
+        # (the v2 entry point turns every custom property into a struct value).
         props = model.mlmd_artifact.custom_properties
-        final = {k[len("eval_"):]: v.double_value for k, v in props.items() if k.startswith("eval_")}
-        pushed_version = None
-        if pushed is not None and pushed.mlmd_artifact.custom_properties["pushed"].int_value == 1:
-            pushed_version = pushed.mlmd_artifact.custom_properties["pushed_version"].string_value
+        final = {k[len("eval_"):]: model.get_float_custom_property(k) for k in props if k.startswith("eval_")}
+        pushed_version = pushed_path = None
+        if pushed is not None and pushed.get_int_custom_property("pushed") == 1:
+            pushed_version = pushed.get_string_custom_property("pushed_version")
+            pushed_path = pushed.get_string_custom_property("pushed_destination")
         data_dirs = {}
         for key in ("statistics", "schema"):
             artifact = _one(input_dict, key)
@@ -103,16 +109,17 @@ class RegistrarExecutor(base_executor.BaseExecutor):
             target=TrackingTarget.from_json(exec_properties["tracking"]),
             registered_model=exec_properties["registered_model"],
             pipeline_name=exec_properties["pipeline_name"],
-            pipeline_run_id=self._context.pipeline_run_id or "",
+            pipeline_run_id=self._pipeline_run_id(exec_properties),
             execution_id=str(self._context._unique_id or ""),
             model_dir=model.uri,
             saved_model_dir=path_utils.serving_model_path(model.uri),
             model_run_dir=model_run.uri if model_run is not None else None,
-            trained_run_id=props["mlflow_run_id"].string_value if "mlflow_run_id" in props else None,
+            trained_run_id=model.get_string_custom_property("mlflow_run_id") or None,
             params=json.loads(exec_properties["params"]),
             final_metrics=final,
-            blessed=bool(blessing.mlmd_artifact.custom_properties["blessed"].int_value) if blessing is not None else None,
+            blessed=bool(blessing.get_int_custom_property("blessed")) if blessing is not None else None,
             serving_version=pushed_version,
+            pushed_path=pushed_path,
             git_commit=current_commit(),
             input_records=_sample_records(examples) if examples is not None else [],
             data_dirs=data_dirs,
@@ -120,6 +127,15 @@ class RegistrarExecutor(base_executor.BaseExecutor):
         ))
         logging.getLogger("loopline").info(
             "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)
+
+
+    def _pipeline_run_id(self, exec_properties: dict[str, Any]) -> str:
+        run_id = self._context.pipeline_run_id or exec_properties.get("pipeline_run_id") or ""
+        if not run_id or run_id.startswith("{{"):
+            # Without it, every run would continue the first one's MLflow run (found by this tag).
+            raise ValueError(f"Registrar: no pipeline run id (the orchestrator gave {run_id!r}); "
+                             "cannot tell this run's MLflow run from another's")
+        return run_id
 
 
 class Registrar(base_component.BaseComponent):
@@ -130,9 +146,10 @@ class Registrar(base_component.BaseComponent):
 
     def __init__(self, model, tracking: str, registered_model: str, params: str, pipeline_name: str,
                  model_run=None, blessing=None, pushed_model=None,
-                 examples=None, statistics=None, schema=None):
+                 examples=None, statistics=None, schema=None, pipeline_run_id: str | None = None):
         super().__init__(RegistrarSpec(
             model=model, model_run=model_run, blessing=blessing, pushed_model=pushed_model,
             examples=examples, statistics=statistics, schema=schema, tracking=tracking,
             registered_model=registered_model, params=params, pipeline_name=pipeline_name,
+            pipeline_run_id=pipeline_run_id,
         ))

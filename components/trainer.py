@@ -64,8 +64,11 @@ def Trainer(
             run.finish({}, failed=True)
         raise
     metrics = {**result.metrics, "steps": result.steps}
-    with open(os.path.join(model_run.uri, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(model_run.uri)  # Kubeflow's launcher does not create output folders
+    with tf.io.gfile.GFile(os.path.join(model_run.uri, "metrics.json"), "w") as f:
+        f.write(json.dumps(metrics, indent=2))
     for key, value in metrics.items():
         model.set_float_custom_property(f"eval_{key}", float(value))
     dropped = dropped_variants(report)

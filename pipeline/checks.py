@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 
 from pipeline.config import ConfigError, LooplineConfig
+
+
+def _is_file(path: str) -> bool:
+    import tensorflow as tf  # tf.io.gfile: the path may be gs://...
+
+    return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
 
 
 def _check_files(key: str, path: str, data_format: str) -> None:
@@ -30,10 +37,12 @@ def check_data(config: LooplineConfig) -> list[str]:
             raise ConfigError(f"data.label: an image_folder's label feature is 'label' (the class folder), "
                               f"not '{config.data.label}'")
         return []
-    if not os.path.isfile(path):
+    import tensorflow as tf
+
+    if not _is_file(path):
         raise ConfigError(f"data.path: no such file: {path}")
-    with open(path, newline="") as f:
-        header = next(csv.reader(f), None)
+    with tf.io.gfile.GFile(path, "r") as f:
+        header = next(csv.reader(io.StringIO(f.readline())), None)
     if not header or not any(h.strip() for h in header):
         raise ConfigError(f"data.path: {path} is empty or has no header row")
     columns = [h.strip() for h in header]
@@ -42,8 +51,8 @@ def check_data(config: LooplineConfig) -> list[str]:
         raise ConfigError(f"data.path: {path} has duplicate columns {dupes}")
     if config.data.label not in columns:
         raise ConfigError(f"data.label: column '{config.data.label}' is not in {path}; columns are {columns}")
-    if config.data.eval_path is not None and not os.path.isfile(config.data.eval_path):
+    if config.data.eval_path is not None and not _is_file(config.data.eval_path):
         raise ConfigError(f"data.eval_path: no such file: {config.data.eval_path}")
-    if config.data.schema is not None and not os.path.isfile(config.data.schema):
+    if config.data.schema is not None and not _is_file(config.data.schema):
         raise ConfigError(f"data.schema: no such file: {config.data.schema}")
     return columns

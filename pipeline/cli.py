@@ -26,9 +26,9 @@ def _config(args):
 
 
 def cmd_run(args) -> int:
+    config = _config(args)  # before TensorFlow loads: a bad config costs one line and no wait
     from pipeline.local_runner import run_local
 
-    config = _config(args)
     summary = run_local(config)
     print("\n".join(["", "loopline run finished", *summary.lines()]))
     return 0
@@ -65,31 +65,13 @@ def cmd_data_accept(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """The trainer alone, for fast iteration: on TFRecord splits, or straight from data.path."""
-    import json
+    """The trainer alone, for fast iteration and for the TFJob: on TFRecord splits, or data.path."""
+    from pipeline.train_command import run_train
 
-    from trainer.loop import train
-
-    config = _config(args)
-    work_dir = os.path.abspath(args.work_dir or os.path.join(config.pipeline.root, "train", config.pipeline.name))
-    if args.train and args.eval:
-        train_pattern, eval_pattern = args.train, args.eval
-    elif args.train or args.eval:
-        raise ConfigError("--train and --eval go together")
-    elif config.data.format != "csv":
-        raise ConfigError(f"loopline train reads data.path itself only for data.format csv (not "
-                          f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
-    else:
-        from trainer.csv_examples import csv_to_tfrecords
-
-        train_pattern, eval_pattern = csv_to_tfrecords(config.data.path, os.path.join(work_dir, "data"))
-    result = train(config.trainer, train_pattern, eval_pattern, config.data.label, work_dir=work_dir,
-                   label_kind=config.data.label_kind, max_classes=config.data.max_classes)
-    metrics = {**result.metrics, "steps": result.steps}
-    with open(os.path.join(work_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    print(f"loopline train: {result.steps} steps; checkpoints and TensorBoard under {work_dir}")
-    print(" ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    outcome = run_train(_config(args), args.work_dir, args.train, args.eval)
+    where = f"; model in {outcome.model_dir}" if outcome.model_dir else " (not the chief: no export)"
+    print(f"loopline train: {outcome.steps} steps; checkpoints and TensorBoard under {outcome.work_dir}{where}")
+    print(" ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()))
     return 0
 
 
@@ -324,10 +306,11 @@ def _quiet_libraries() -> None:
 def _stop_message(exc: Exception) -> str | None:
     """The report for errors that stop a run by design (bad data, a failed parity gate).
     Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
+    from tracking.registration import RegistryUnavailableError
     from trainer.tflite import ParityError
     from validation.anomalies import DataAnomaliesError
 
-    if isinstance(exc, DataAnomaliesError):
+    if isinstance(exc, (DataAnomaliesError, RegistryUnavailableError)):
         return f"loopline: {exc}"
     if isinstance(exc, ParityError):
         return f"loopline: export refused by the TFLite parity gate: {exc}"

@@ -23,6 +23,29 @@ class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
 
 
+def is_remote(path: str) -> bool:
+    """A URI of a filesystem tf.io.gfile and Beam open (gs://...), not a path on this machine."""
+    return "://" in path
+
+
+# Filesystems TensorFlow 2.21 and Beam both open without extra packages. `ram://` is TensorFlow's
+# in-memory filesystem: one process only, for tests (Beam needs a FileSystem registered for it).
+SUPPORTED_SCHEMES = ("gs", "ram")
+# s3:// and hdfs:// need tensorflow-io, whose newest release (0.37.1) does not load with TF 2.21.
+_NEEDS_TENSORFLOW_IO = ("s3", "hdfs", "viewfs", "har")
+
+
+def check_scheme(key: str, value: str) -> None:
+    """Raises ConfigError when `value` is a URI on a filesystem loopline cannot read."""
+    scheme = value.split("://", 1)[0]
+    if not is_remote(value) or scheme in SUPPORTED_SCHEMES:
+        return
+    why = ("TensorFlow 2.21 reads it only through tensorflow-io, whose newest release (0.37.1) does not load "
+           "with TensorFlow 2.21" if scheme in _NEEDS_TENSORFLOW_IO else "TensorFlow cannot open it")
+    raise ConfigError(f"{key}: {value!r}: the {scheme}:// filesystem is not supported ({why}); "
+                      "use gs://... or a path on a volume")
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -30,6 +53,9 @@ class _Section(BaseModel):
 class PipelineSection(_Section):
     name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
     root: str = "workspace"
+    # ML Metadata's SQLite file (a local path: SQLite needs one). Null: <root>/metadata.sqlite,
+    # which needs a local root; with a remote root the local runner requires this key.
+    metadata_path: str | None = None
     enable_cache: bool = True
     # Apache Beam options for the Beam-based components (ExampleGen, Pusher...), e.g.
     # ["--direct_running_mode=multi_processing", "--direct_num_workers=0"] or a Flink, Spark or
@@ -105,7 +131,7 @@ class LooplineConfig(_Section):
 
 
 # Keys holding paths, resolved against the config file's folder.
-_PATH_KEYS = (("pipeline", "root"), ("data", "path"), ("trainer", "module_file"), ("data", "schema"),
+_PATH_KEYS = (("pipeline", "root"), ("pipeline", "metadata_path"), ("data", "path"), ("trainer", "module_file"), ("data", "schema"),
               ("data", "eval_path"), ("serving", "tls_cert"), ("serving", "tls_key"))
 
 
@@ -159,6 +185,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for section, key in _PATH_KEYS:
         holder = getattr(config, section)
         value = getattr(holder, key)
-        if value is not None and "://" not in value:
+        if value is not None and not is_remote(value):
             setattr(holder, key, str((base / value).resolve()))
+        elif value is not None:
+            check_scheme(f"{section}.{key}", value)
     return config

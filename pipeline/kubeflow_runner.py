@@ -17,8 +17,12 @@ from pipeline.config import ConfigError, LooplineConfig
 
 log = logging.getLogger("loopline")
 
-# Schemes every pod can read and write through tf.io.gfile / Beam file systems.
-REMOTE_SCHEMES = ("gs://", "s3://", "hdfs://")
+# Schemes every pod can read and write through tf.io.gfile and Beam's file systems without extra
+# packages (s3:// and hdfs:// need tensorflow-io, which does not load with TensorFlow 2.21).
+REMOTE_SCHEMES = ("gs://",)
+# KFP's placeholder for the run's id (kfp.dsl.PIPELINE_JOB_ID_PLACEHOLDER); the backend substitutes it
+# in parameter values. The Registrar tags the MLflow run with it.
+RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 # Where infra/Dockerfile puts the examples and the default config.
 IMAGE_PREFIX = "/opt/loopline/"
 # MLflow tracking URIs that a pod can reach (a file store inside a pod dies with the pod).
@@ -54,15 +58,18 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
     (gs://, s3://, hdfs://) or, with allow_local_paths, on a volume mounted at the same path in
     every pod. Raises ConfigError naming the key; returns warnings for what still works."""
     warnings = []
-    for key, value in (("pipeline.root", config.pipeline.root), ("data.path", config.data.path)):
-        if value.startswith(REMOTE_SCHEMES):
+    data = config.data
+    paths = [("pipeline.root", config.pipeline.root), ("data.path", data.path), ("data.eval_path", data.eval_path),
+             ("data.schema", data.schema)]
+    for key, value in paths:
+        if value is None or value.startswith(REMOTE_SCHEMES):
             continue
         if "://" in value:
-            raise ConfigError(f"{key}: {value!r} uses a scheme pods cannot use; use one of {', '.join(REMOTE_SCHEMES)}")
+            raise ConfigError(f"{key}: {value!r} is not a filesystem pods share; use one of {', '.join(REMOTE_SCHEMES)}")
         if not allow_local_paths:
             raise ConfigError(
                 f"{key}: {value!r} is a path on this machine, which Kubeflow pods cannot see; "
-                f"set it to gs://... or s3://... (e.g. --set {key}=gs://BUCKET/...), or pass "
+                f"set it to gs://... (e.g. --set {key}=gs://BUCKET/...), or pass "
                 "--allow-local-paths if it is on a volume mounted at that path in every pod"
             )
         warnings.append(f"{key}: {value} must be on a volume mounted at that path in every pod")
@@ -107,14 +114,20 @@ def compile_kubeflow(
     output = Path(output)
     if output.suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"--output: {output} must end in .json (Vertex PipelineJob) or .yaml (KFP PipelineSpec)")
-    config = paths_in_image(config)
+    config = paths_in_image(config).model_copy(deep=True)
     warnings = check_paths_for_pods(config, allow_local_paths)
+    # ML Metadata is the orchestrator's; a local SQLite path must not reach the spec (parameters).
+    config.pipeline.metadata_path = None
+    from pipeline.tracking_setup import tracking_target
+
+    tracking_target(config)  # a remote root without mlflow.tracking_uri stops here, naming the key
     # Imported after the checks: a refused config costs no TensorFlow import.
     from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as kfv2
 
     from pipeline.pipeline import create_pipeline, tfx_root
 
-    tfx_pipeline = create_pipeline(config, local_metadata=False)  # the KFP backend brings ML Metadata
+    # The KFP backend brings ML Metadata.
+    tfx_pipeline = create_pipeline(config, local_metadata=False, run_id_placeholder=RUN_ID_PLACEHOLDER)
     runner = kfv2.KubeflowV2DagRunner(
         config=kfv2.KubeflowV2DagRunnerConfig(
             display_name=config.pipeline.name,

@@ -13,7 +13,6 @@ from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
 from pipeline.run_metadata import newest_run_artifacts, open_store  # noqa: F401 - open_store: also for callers of this module
-from serving.config_writer import write_serving_configs
 
 
 @dataclass
@@ -108,11 +107,11 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
 
 
 def run_local(config: LooplineConfig) -> RunSummary:
+    """Runs the pipeline (the ServingConfigs step writes TF Serving's files beside a pushed model)."""
+    import tensorflow as tf
+
     check_data(config)
-    os.makedirs(config.pipeline.root, exist_ok=True)
+    tf.io.gfile.makedirs(config.pipeline.root)
+    os.makedirs(os.path.dirname(metadata_path(config)), exist_ok=True)  # SQLite: always local
     LocalDagRunner().run(create_pipeline(config))
-    summary = summarize_last_run(config)
-    if summary.version:
-        # TF Serving's models.config, batching.config and monitoring.config beside the pushed model.
-        write_serving_configs(os.path.join(config.pipeline.root, "serving"), config.serving)
-    return summary
+    return summarize_last_run(config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+import posixpath
 
 from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
 from tfx.components.pusher.component import Pusher
@@ -17,10 +17,11 @@ from components.csv_example_gen import ArrowCsvExampleGen
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
 from components.schema_gen import SchemaGen
+from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
-from pipeline.config import LooplineConfig
+from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
 
 
@@ -29,7 +30,18 @@ def tfx_root(config: LooplineConfig) -> str:
 
 
 def metadata_path(config: LooplineConfig) -> str:
-    return os.path.join(config.pipeline.root, "metadata.sqlite")
+    """ML Metadata's SQLite file: `pipeline.metadata_path`, else `<root>/metadata.sqlite` for a
+    local root. SQLite needs a file on this machine, so a remote root needs the key."""
+    section = config.pipeline
+    if section.metadata_path is not None:
+        if is_remote(section.metadata_path):
+            raise ConfigError(f"pipeline.metadata_path: {section.metadata_path!r} must be a local file (SQLite)")
+        return section.metadata_path
+    if is_remote(section.root):
+        raise ConfigError(
+            f"pipeline.metadata_path is required when pipeline.root is remote ({section.root}): "
+            "ML Metadata's SQLite file must be on this machine (e.g. --set pipeline.metadata_path=metadata.sqlite)")
+    return os.path.join(section.root, "metadata.sqlite")
 
 
 def serving_base(config: LooplineConfig) -> str:
@@ -45,28 +57,41 @@ def data_baseline_dir(config: LooplineConfig) -> str:
 
 
 def _module_digest(path: str | None) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and os.path.isfile(path) else ""
+    import tensorflow as tf
+
+    if not path or not tf.io.gfile.exists(path):
+        return ""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[str, "example_gen_pb2.Input"]:
     """ExampleGen's input folder and split patterns: data.path (a file or glob, or for
     image_folder a folder of class folders) as one split to cut 2:1, or data.path and
-    data.eval_path as the train and eval splits."""
+    data.eval_path as the train and eval splits. URIs keep their `scheme://` (os.path.commonpath
+    would fold `gs://b` into `gs:/b`)."""
     from tfx.proto import example_gen_pb2
 
+    scheme, sep, rest = path.rpartition("://")
+    paths = posixpath if sep else os.path
+
     def pattern(p: str, base: str) -> str:
-        relative = os.path.relpath(p, base)
+        relative = paths.relpath(p, base)
         if data_format != "image_folder":
             return relative
-        return os.path.join("*", "*") if relative == "." else os.path.join(relative, "*", "*")
+        return paths.join("*", "*") if relative == "." else paths.join(relative, "*", "*")
 
     if not eval_path:
-        base = path if data_format == "image_folder" else os.path.dirname(path)
-        return base, example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern(path, base))])
-    base = os.path.commonpath([os.path.dirname(path), os.path.dirname(eval_path)])
-    return base, example_gen_pb2.Input(splits=[
-        example_gen_pb2.Input.Split(name="train", pattern=pattern(path, base)),
-        example_gen_pb2.Input.Split(name="eval", pattern=pattern(eval_path, base)),
+        base = rest if data_format == "image_folder" else paths.dirname(rest)
+        return scheme + sep + base, example_gen_pb2.Input(
+            splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern(rest, base))])
+    eval_scheme, eval_sep, eval_rest = eval_path.rpartition("://")
+    if (scheme, sep) != (eval_scheme, eval_sep):
+        raise ConfigError(f"data.eval_path: {eval_path} must be on the same filesystem as data.path ({path})")
+    base = paths.commonpath([paths.dirname(rest), paths.dirname(eval_rest)])
+    return scheme + sep + base, example_gen_pb2.Input(splits=[
+        example_gen_pb2.Input.Split(name="train", pattern=pattern(rest, base)),
+        example_gen_pb2.Input.Split(name="eval", pattern=pattern(eval_rest, base)),
     ])
 
 
@@ -84,8 +109,11 @@ def _example_gen(data):
     return example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
 
 
-def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> tfx_pipeline.Pipeline:
-    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own)."""
+def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
+                    run_id_placeholder: str | None = None) -> tfx_pipeline.Pipeline:
+    """`local_metadata=False` leaves ML Metadata to the orchestrator (Kubeflow brings its own);
+    `run_id_placeholder` is how the orchestrator writes the run's id into a parameter, for
+    executors it does not tell (Kubeflow's v2 entry point)."""
     example_gen = _example_gen(config.data)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     from validation.baseline import cache_key
@@ -147,8 +175,13 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
         pushed_model=pusher.outputs["pushed_model"],
         baseline_dir=baseline,
     )
+    # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
+    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
+    serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
+                                     serving_root=os.path.dirname(serving_base(config)),
+                                     serving_config=serving_files)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
-                  baseline_recorder]
+                  baseline_recorder, serving_configs]
     if target:
         components.append(Registrar(
             model=trainer.outputs["model"],
@@ -162,6 +195,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True) -> t
             registered_model=registered_model_name(config),
             params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
             pipeline_name=config.pipeline.name,
+            pipeline_run_id=run_id_placeholder,
         ))
     return tfx_pipeline.Pipeline(
         pipeline_name=config.pipeline.name,

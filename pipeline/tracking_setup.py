@@ -2,16 +2,22 @@
 registry commands do not import TFX)."""
 from __future__ import annotations
 
-from pipeline.config import LooplineConfig
+from pipeline.config import ConfigError, LooplineConfig, is_remote
 
 
 def tracking_target(config: LooplineConfig):
     """Where MLflow runs go (tracking.target.TrackingTarget), or None when `mlflow.enabled` is off."""
-    from tracking.target import TrackingTarget, embedded_store
-
     section = config.mlflow
     if not section.enabled:
         return None
+    if section.tracking_uri is None and is_remote(config.pipeline.root):
+        # The embedded store is a SQLite file under the root: it cannot live on gs://...
+        raise ConfigError(
+            f"mlflow.tracking_uri is required when pipeline.root is remote ({config.pipeline.root}): "
+            "set it to the MLflow server's URL (e.g. --set mlflow.tracking_uri=http://mlflow:5000), "
+            "or --set mlflow.enabled=false")
+    from tracking.target import TrackingTarget, embedded_store
+
     uri, artifacts = (section.tracking_uri, None) if section.tracking_uri else embedded_store(config.pipeline.root)
     return TrackingTarget(
         tracking_uri=uri, experiment=section.experiment, artifact_location=artifacts,

@@ -53,3 +53,16 @@ def test_flat_lists_every_key_dotted():
     flat = load_config(REPO / "loopline.yaml").flat()
     assert flat["trainer.epochs"] == 20
     assert flat["pipeline.name"] == "penguins"
+
+
+def test_metadata_path_is_relative_to_the_file_and_required_with_a_remote_root(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.pipeline import metadata_path
+
+    (tmp_path / "c.yaml").write_text("pipeline: {root: ws, metadata_path: md/store.sqlite}\n")
+    assert metadata_path(load_config(tmp_path / "c.yaml")) == str(tmp_path / "md" / "store.sqlite")
+    assert metadata_path(load_config(None, ["pipeline.root=/x/ws"])) == "/x/ws/metadata.sqlite"
+    with pytest.raises(ConfigError, match=r"pipeline\.metadata_path is required when pipeline\.root is remote"):
+        metadata_path(load_config(None, ["pipeline.root=gs://b/ws"]))
+    with pytest.raises(ConfigError, match=r"pipeline\.metadata_path: 'gs://b/m\.sqlite' must be a local file"):
+        metadata_path(load_config(None, ["pipeline.root=gs://b/ws", "pipeline.metadata_path=gs://b/m.sqlite"]))

@@ -198,3 +198,56 @@ def test_cli_compile(tmp_path):
     assert refused.returncode == 2
     assert "loopline: error: pipeline.root:" in refused.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_spec_holds_no_path_of_the_compiling_machine(tmp_path):
+    """Only the remote root, the image's paths and the server's URL: no checkout, no local
+    ML Metadata file, no embedded MLflow store."""
+    from pipeline.kubeflow_runner import RUN_ID_PLACEHOLDER, compile_kubeflow
+
+    config = remote_config(tmp_path, f"pipeline.metadata_path={tmp_path / 'md.sqlite'}")
+    compile_kubeflow(config, IMAGE, tmp_path / "out" / "pipeline.json")
+    text = (tmp_path / "out" / "pipeline.json").read_text()
+    for local in (str(REPO), str(tmp_path), "sqlite", "metadata.sqlite"):
+        assert local not in text, local
+    tasks = json.loads(text)["pipelineSpec"]["root"]["dag"]["tasks"]
+    run_id = tasks["Registrar"]["inputs"]["parameters"]["pipeline_run_id"]["runtimeValue"]["constant"]
+    assert run_id == RUN_ID_PLACEHOLDER == "{{$.pipeline_job_uuid}}"  # KFP substitutes the run's id
+    assert "ServingConfigs" in tasks
+
+
+def test_remote_root_needs_a_tracking_server(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = make_config(tmp_path, f"pipeline.root={ROOT}", f"data.path={DATA}")
+    with pytest.raises(ConfigError, match=r"mlflow\.tracking_uri is required when pipeline\.root is remote"):
+        compile_kubeflow(config, IMAGE, tmp_path / "pipeline.json")
+    assert not (tmp_path / "pipeline.json").exists()
+
+
+@pytest.mark.parametrize("key, value", [("pipeline.root", "s3://bucket/root"), ("data.path", "hdfs://nn:8020/d.csv")])
+def test_s3_and_hdfs_are_refused_by_compile_and_run(tmp_path, key, value):
+    """tensorflow-io, which TensorFlow needs for them, does not load with TensorFlow 2.21."""
+    for command in (["compile", "--target", "kubeflow", "--image", IMAGE, "--output", str(tmp_path / "p.json")],
+                    ["run"]):
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", *command, "--config", str(REPO / "loopline.yaml"),
+                               "--set", f"{key}={value}", "--set", f"mlflow.tracking_uri={MLFLOW}"],
+                              cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        scheme = value.split("://")[0]
+        assert done.stderr.strip().startswith(f"loopline: error: {key}: '{value}': the {scheme}:// filesystem is not supported")
+        assert "tensorflow-io" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_eval_path_keeps_the_bucket_scheme(tmp_path):
+    """ExampleGen's input base is the folder above both files, as a URI (os.path.commonpath would
+    fold gs://b into gs:/b)."""
+    from pipeline.pipeline import create_pipeline
+
+    config = remote_config(tmp_path, "data.eval_path=gs://loopline-test-bucket/data/eval/penguins.csv")
+    example_gen = create_pipeline(config, local_metadata=False).components[0]
+    assert example_gen.exec_properties["input_base"] == "gs://loopline-test-bucket/data"
+    splits = json.loads(example_gen.exec_properties["input_config"])["splits"]
+    assert [(s["name"], s["pattern"]) for s in splits] == [("train", "penguins.csv"), ("eval", "eval/penguins.csv")]

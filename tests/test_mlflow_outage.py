@@ -46,9 +46,15 @@ def test_server_killed_mid_training_then_back(tmp_path):
     try:
         watcher.start()
         config = make_config(root, *overrides)
-        # The Registrar cannot reach the server: the run fails there, after training and the push.
-        with pytest.raises(Exception):
+        # The Registrar cannot reach the server: the run fails there, after training and the push,
+        # with one line naming the server, the pushed version and how to register it.
+        from tracking.registration import RegistryUnavailableError
+
+        with pytest.raises(RegistryUnavailableError) as raised:
             run_local(config)
+        message = str(raised.value)
+        assert "\n" not in message and f"MLflow tracking server {server.uri} did not answer" in message
+        assert "pushed as serving version" in message and "run the pipeline again" in message
         stop.set()
         watcher.join(30)
         assert killed.is_set(), "the server was not stopped during the run"

@@ -36,7 +36,7 @@ def test_run_pushes_a_servable_model(pipeline_run):
     assert summary.metrics["body_mass_g_rmse"] < 800  # grams; the training split's std is ~800
     assert set(summary.executions) == {
         "CsvExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "DataGate", "Trainer", "Evaluator", "Pusher",
-        "BaselineRecorder", "Registrar"}
+        "BaselineRecorder", "ServingConfigs", "Registrar"}
     # Each component's wall time, from ML Metadata, is in the summary: training takes the longest.
     assert set(summary.seconds) == set(summary.executions)
     assert max(summary.seconds, key=summary.seconds.get) == "Trainer" and summary.seconds["Trainer"] > 1

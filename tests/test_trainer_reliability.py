@@ -26,7 +26,8 @@ def loss_weights(step):
 
 # jit_compile false: XLA cannot compile the module's tf.py_function.
 SETTINGS = ["trainer.epochs=4", "trainer.batch_size=8", "trainer.checkpoint_every_steps=20",
-            "trainer.seed=5", "trainer.deterministic=true", "trainer.steps_per_loop=4", "trainer.jit_compile=false"]
+            "trainer.seed=5", "trainer.deterministic=true", "trainer.steps_per_loop=4", "trainer.jit_compile=false",
+            "mlflow.enabled=false"]
 
 
 def command(splits, work_dir, module):

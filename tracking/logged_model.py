@@ -21,7 +21,10 @@ PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
     """A small DataFrame of the model's input features; numbers as float64, so clients may send
     ints or floats. Prefers complete records."""
-    features = json.loads(Path(names.signature_file(saved_model_dir)).read_text())["features"]
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(names.signature_file(saved_model_dir)) as f:
+        features = json.load(f)["features"]
     complete = [r for r in records if all(r.get(name) is not None for name in features)]
     chosen = (complete or records)[:rows]
     if not chosen:

@@ -141,14 +141,18 @@ class MlflowMetricSink:
 
 
 def write_metrics(path: str, metrics: list[Metric]) -> None:
-    with open(path, "a") as f:
+    import tensorflow as tf  # the spill file lives in an artifact folder, maybe on gs://...
+
+    with tf.io.gfile.GFile(path, "a") as f:
         for m in metrics:
             f.write(json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}) + "\n")
 
 
 def read_metrics(path: str) -> list[Metric]:
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path) as f:
+        rows = [json.loads(line) for line in f.read().splitlines() if line.strip()]
     return [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows]
 
 

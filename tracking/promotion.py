@@ -8,7 +8,6 @@ carries an event log (`loopline.alias_history.<alias>`, newest last).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -109,7 +108,9 @@ def follow_in_serving(client, promotion: Promotion, models_config: str, served_n
         raise PromotionError(
             f"{promotion.model} version {promotion.version} has no '{TAG_SERVING_VERSION}' tag (it was not pushed), "
             f"so TF Serving's label '{label}' cannot follow; the MLflow alias was moved")
-    if not os.path.isfile(models_config):
+    import tensorflow as tf  # the serving root may be on gs://...
+
+    if not tf.io.gfile.exists(models_config):
         raise PromotionError(f"{models_config} does not exist (nothing served yet); the MLflow alias was moved")
     set_version_labels(models_config, served_name, {label: int(serving_version)})
     promotion.serving_label, promotion.serving_version, promotion.models_config = label, int(serving_version), models_config

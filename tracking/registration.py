@@ -11,8 +11,11 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+import tensorflow as tf
+
 from tracking.logged_model import input_example_from_records, log_saved_model, register
 from tracking.metric_sink import UNDELIVERED_FILE, replay
+from tracking.remote_files import local_view
 from tracking.system_info import system_tags
 from tracking.target import TrackingTarget, ensure_experiment, make_client
 from tracking.training_run import TAG_MODEL_URI, TAG_PIPELINE, TAG_PIPELINE_RUN_ID
@@ -44,6 +47,7 @@ class Registration:
     final_metrics: dict[str, float] = field(default_factory=dict)
     blessed: bool | None = None  # None: no Evaluator in the pipeline, register
     serving_version: str | None = None
+    pushed_path: str | None = None  # where the Pusher put the served version
     git_commit: str | None = None
     input_records: list[dict] = field(default_factory=list)
     data_dirs: dict[str, str] = field(default_factory=dict)  # artifact path -> folder
@@ -93,19 +97,69 @@ def trainer_execution_id(model_dir: str) -> str | None:
     return tail if tail.isdigit() else None
 
 
-def _export_files(model_dir: str, saved_model_dir: str) -> list[tuple[str, str]]:
-    """(file, artifact folder) for exporter outputs beside the SavedModel: TFLite files, reports."""
+def _export_files(model_dir: str) -> list[tuple[str, str]]:
+    """(file, artifact folder) for exporter outputs beside the SavedModel: TFLite files, reports.
+    Through tf.io.gfile: the model folder may be on gs://..."""
     found = []
-    for folder, dirs, files in os.walk(model_dir):
-        dirs[:] = [d for d in dirs if d not in ("variables", "assets", "assets.extra")]
+    skipped = ("variables", "assets", "assets.extra")
+    for folder, _, files in tf.io.gfile.walk(model_dir):
+        rel = folder.rstrip("/")[len(model_dir.rstrip("/")):].strip("/")
+        if any(part in skipped for part in rel.split("/")):
+            continue
         for name in files:
             if name.endswith(EXPORT_SUFFIXES):
-                rel = os.path.relpath(folder, model_dir)
-                found.append((os.path.join(folder, name), "export" if rel == "." else f"export/{rel}"))
+                found.append((os.path.join(folder, name), f"export/{rel}" if rel else "export"))
     return found
 
 
+def _log_folder(client, run_id: str, folder: str | None, artifact_path: str) -> None:
+    """Logs a folder's files (through a local copy when it is remote); a missing one is named."""
+    if not folder or not tf.io.gfile.isdir(folder):
+        log.warning("MLflow: %r not logged: folder %s is missing", artifact_path, folder)
+        return
+    with local_view(folder) as local:
+        client.log_artifacts(run_id, local, artifact_path)
+
+
+class RegistryUnavailableError(RuntimeError):
+    """The tracking server did not answer; the message is one line saying what was already saved
+    and how to register it."""
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether the failure is the server not answering (a connection or a timeout), as opposed
+    to the server refusing a request."""
+    import requests
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                             ConnectionError, TimeoutError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _unavailable_message(reg: Registration, exc: BaseException) -> str:
+    saved = (f"the model was pushed as serving version {reg.serving_version} ({reg.pushed_path})"
+             if reg.serving_version else f"the model is saved in {reg.model_dir} (not pushed)")
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return (f"MLflow tracking server {reg.target.tracking_uri} did not answer ({first}); {saved} but not "
+            "registered. Once the server answers, run the pipeline again with the same configuration: every "
+            "other step is cached, so only the Registrar runs and registers it.")
+
+
 def register_pipeline_run(reg: Registration) -> RegistrationResult:
+    """Logs and registers; raises RegistryUnavailableError when the server does not answer."""
+    try:
+        return _register(reg)
+    except Exception as exc:
+        if not _unreachable(exc):
+            raise
+        raise RegistryUnavailableError(_unavailable_message(reg, exc)) from None
+
+
+def _register(reg: Registration) -> RegistrationResult:
     client = make_client(reg.target)
     experiment_id = ensure_experiment(client, reg.target)
     trained = _usable_trained_run(client, reg.trained_run_id, reg.pipeline_run_id)
@@ -133,7 +187,7 @@ def register_pipeline_run(reg: Registration) -> RegistrationResult:
     # Metrics the Trainer could not deliver, into the run it trained in (or this one).
     replayed = 0
     spill = os.path.join(reg.model_run_dir, UNDELIVERED_FILE) if reg.model_run_dir else None
-    if spill and os.path.isfile(spill):
+    if spill and tf.io.gfile.exists(spill):
         into = trained or run_id
         if client.get_run(into).data.tags.get(TAG_REPLAYED) != "true":
             replayed = replay(client, into, spill)
@@ -146,16 +200,17 @@ def register_pipeline_run(reg: Registration) -> RegistrationResult:
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()])
 
-    if reg.model_run_dir and os.path.isdir(reg.model_run_dir) and not client.list_artifacts(run_id, "trainer"):
-        client.log_artifacts(run_id, reg.model_run_dir, "trainer")
-    for path, artifact_path in _export_files(reg.model_dir, reg.saved_model_dir):
-        client.log_artifact(run_id, path, artifact_path)
+    if reg.model_run_dir and not client.list_artifacts(run_id, "trainer"):
+        _log_folder(client, run_id, reg.model_run_dir, "trainer")
+    for path, artifact_path in _export_files(reg.model_dir):
+        with local_view(path) as local:
+            client.log_artifact(run_id, local, artifact_path)
     for artifact_path, folder in reg.data_dirs.items():
-        if folder and os.path.isdir(folder):
-            client.log_artifacts(run_id, folder, artifact_path)
+        _log_folder(client, run_id, folder, artifact_path)
 
     example = input_example_from_records(reg.saved_model_dir, reg.input_records)
-    model_uri = log_saved_model(reg.target.tracking_uri, run_id, reg.saved_model_dir, example)
+    with local_view(reg.saved_model_dir) as saved_model:  # MLflow copies the model from local files
+        model_uri = log_saved_model(reg.target.tracking_uri, run_id, saved_model, example)
 
     version = None
     if reg.blessed is False:

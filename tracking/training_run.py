@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import os
 
+import tensorflow as tf
+
 from tracking.metric_sink import UNDELIVERED_FILE, DeliveryReport, MlflowMetricSink
+from tracking.remote_files import local_view
 from tracking.system_info import system_tags
 from tracking.target import TrackingTarget, ensure_experiment, make_client
 
@@ -39,8 +42,10 @@ class TrainingRun:
         log.info("MLflow run %s in experiment %r at %s", run.info.run_id, self.target.experiment, self.target.tracking_uri)
         return run.info.run_id
 
-    def finish(self, artifact_dirs: dict[str, str], failed: bool = False, tags: dict[str, str] | None = None) -> DeliveryReport:
-        """Flushes the metrics (bounded), then sets the tags and logs each folder under its artifact path."""
+    def finish(self, artifact_dirs: dict[str, str], failed: bool = False, tags: dict[str, str] | None = None,
+               params: dict[str, str] | None = None) -> DeliveryReport:
+        """Flushes the metrics (bounded), then sets the tags, logs the parameters and each folder
+        under its artifact path."""
         report = self.sink.close()
         if report.run_id is None:
             return report
@@ -49,11 +54,22 @@ class TrainingRun:
                 self.client.set_tag(report.run_id, key, value)
             except Exception as exc:
                 log.error("MLflow: could not set tag %s on run %s: %s", key, report.run_id, exc)
-        for artifact_path, folder in artifact_dirs.items():
-            if not os.path.isdir(folder) or not os.listdir(folder):
-                continue
+        if params:
+            from mlflow.entities import Param
+
             try:
-                self.client.log_artifacts(report.run_id, folder, artifact_path)
+                batch = [Param(k, str(v)[:6000]) for k, v in params.items()]
+                for start in range(0, len(batch), 100):
+                    self.client.log_batch(report.run_id, params=batch[start:start + 100])
+            except Exception as exc:
+                log.error("MLflow: could not log the parameters of run %s: %s", report.run_id, exc)
+        for artifact_path, folder in artifact_dirs.items():
+            try:
+                if not tf.io.gfile.isdir(folder) or not tf.io.gfile.listdir(folder):
+                    log.warning("MLflow: nothing to log as %r: %s is empty or missing", artifact_path, folder)
+                    continue
+                with local_view(folder) as local:
+                    self.client.log_artifacts(report.run_id, local, artifact_path)
             except Exception as exc:
                 log.error("MLflow: could not log %s as artifacts %r: %s", folder, artifact_path, exc)
         try:

@@ -35,7 +35,7 @@ from trainer.model import (
     split_at_encoder,
 )
 from trainer.speed import Speed, resolve_speed
-from trainer.strategy import is_chief, make_strategy
+from trainer.strategy import is_chief, make_strategy, task_name
 from trainer.summaries import MetricSink
 
 log = logging.getLogger("loopline.trainer")
@@ -131,6 +131,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
         keep=config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps or steps_per_epoch,
         chief=chief,
+        task=task_name(strategy),
         step=step_var, batches_consumed=batches_var, rng=rng,
         **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
     )

@@ -12,14 +12,17 @@ log = logging.getLogger("loopline.trainer")
 
 
 class Checkpoints:
-    def __init__(self, directory: str | None, keep: int, every_steps: int | None, chief: bool = True, **trackables):
+    def __init__(self, directory: str | None, keep: int, every_steps: int | None, chief: bool = True,
+                 task: str = "worker", **trackables):
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.every_steps = every_steps
         self.manager = None
+        self.chief_directory = directory
         self.keep = keep
         if directory:
-            if not chief:  # other workers must save too (collectives), but somewhere private
-                directory = os.path.join(directory, f"worker-tmp-{os.getpid()}")
+            if not chief:  # other workers must save too (collectives), but somewhere private: per
+                # task (TF_CONFIG's type and index), so a restarted worker finds its copy again
+                directory = os.path.join(directory, f"worker-tmp-{task}")
             self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep)
 
     def start(self, resume: bool, step_variable) -> int:
@@ -47,12 +50,19 @@ class Checkpoints:
         return aside
 
     def restore_latest(self, step_variable) -> int:
-        """Restores the newest checkpoint if there is one; returns the step it holds (0 if none)."""
-        if self.manager is None or self.manager.latest_checkpoint is None:
+        """Restores the newest checkpoint if there is one; returns the step it holds (0 if none).
+
+        Every worker resumes from the chief's newest checkpoint (a TFJob's work dir is shared
+        storage), so all resume at the same step even when a worker died between the chief's save
+        and its own; a worker's own copy is the fallback when it cannot see the chief's."""
+        if self.manager is None:
             return 0
-        self.checkpoint.restore(self.manager.latest_checkpoint).expect_partial()
+        latest = tf.train.latest_checkpoint(self.chief_directory) or self.manager.latest_checkpoint
+        if latest is None:
+            return 0
+        self.checkpoint.restore(latest).expect_partial()
         step = int(step_variable.numpy())
-        log.info("resumed from step %d (%s)", step, self.manager.latest_checkpoint)
+        log.info("resumed from step %d (%s)", step, latest)
         return step
 
     def save(self, step: int) -> str | None:

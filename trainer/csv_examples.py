@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 
 import tensorflow as tf
@@ -19,8 +20,8 @@ def _feature(value: str, numeric: bool) -> tf.train.Feature:
 
 def csv_to_tfrecords(csv_path: str, out_dir: str) -> tuple[str, str]:
     """Writes `<out_dir>/{train,eval}/data.tfrecord.gz`; returns the two file patterns."""
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    with tf.io.gfile.GFile(csv_path, "r") as f:  # the CSV may be on gs://...
+        rows = list(csv.DictReader(io.StringIO(f.read(), newline="")))
     if not rows:
         raise ValueError(f"{csv_path}: no data rows")
     numeric = {}
@@ -34,7 +35,7 @@ def csv_to_tfrecords(csv_path: str, out_dir: str) -> tuple[str, str]:
     paths = {}
     writers = {}
     for split in ("train", "eval"):
-        os.makedirs(os.path.join(out_dir, split), exist_ok=True)
+        tf.io.gfile.makedirs(os.path.join(out_dir, split))
         paths[split] = os.path.join(out_dir, split, "data.tfrecord.gz")
         writers[split] = tf.io.TFRecordWriter(paths[split], options="GZIP")
     for line, row in enumerate(rows, start=2):

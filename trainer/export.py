@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -177,7 +176,13 @@ def _parsed_numpy(examples: list[bytes], kinds: dict[str, str]) -> dict[str, np.
 
 
 def _folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return sum(tf.io.gfile.stat(os.path.join(d, f)).length for d, _, files in tf.io.gfile.walk(path) for f in files)
+
+
+def _write(path: str, content: str | bytes) -> None:
+    """Through tf.io.gfile: artifact folders may be on gs:// or another remote filesystem."""
+    with tf.io.gfile.GFile(path, "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
 
 
 def _signatures(loaded) -> dict:
@@ -226,12 +231,12 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     representative = None
     if "int8" in config.tflite_variants:
         representative = _parsed_numpy(read_examples(train_pattern, config.representative_examples), kinds)
-    os.makedirs(os.path.join(artifact_dir, TFLITE_DIR), exist_ok=True)
+    tf.io.gfile.makedirs(os.path.join(artifact_dir, TFLITE_DIR))
     results = []
     for variant in config.tflite_variants:
         content = tflite.convert(serving_dir, variant, representative)
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
-        Path(path).write_bytes(content)
+        _write(path, content)
         result = tflite.check_variant(variant, content, reference, features, labels, heads,
                                       config.output_tolerance[variant], config.metric_tolerance[variant], path)
         if result.passed:
@@ -267,8 +272,8 @@ def write_report(folder: str, report: dict, blessing: dict | None = None) -> Non
     """`export_report.json` and a short `export_report.md` (plus the blessing when known)."""
     if blessing is not None:
         report = {**report, "blessing": blessing}
-    Path(folder, REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    Path(folder, REPORT_MD).write_text(report_markdown(report))
+    _write(os.path.join(folder, REPORT_JSON), json.dumps(report, indent=2, default=str) + "\n")
+    _write(os.path.join(folder, REPORT_MD), report_markdown(report))
 
 
 def report_markdown(report: dict) -> str:

@@ -35,10 +35,10 @@ import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 import keras
+import tensorflow as tf
 
 from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number, is_scalar
 from serving.signature_names import signature_name
@@ -143,17 +143,19 @@ def make_head(name: str, kind: str, stats: FeatureStats, head_kind: str | None =
 def load_module(path: str | None) -> ModuleType | None:
     if not path:
         return None
-    file = Path(path)
-    if not file.is_file():
+    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
         raise FileNotFoundError(f"trainer.module_file: no such file: {path}")
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+    with tf.io.gfile.GFile(path, "rb") as f:
+        source = f.read()
+    digest = hashlib.sha256(source).hexdigest()[:12]
     name = f"loopline_user_module_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
+    # Run from its source (read through tf.io.gfile, so the file may be on gs://...).
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=path))
+    module.__file__ = path
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, path, "exec"), module.__dict__)
     return module
 
 

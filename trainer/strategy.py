@@ -30,10 +30,32 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
+def tf_config_task() -> tuple[str, int, dict] | None:
+    """(task type, index, cluster) from TF_CONFIG, as the Training Operator sets it; None when
+    there is no cluster (a single process)."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task, cluster = tf_config.get("task") or {}, tf_config.get("cluster") or {}
+    if not task or sum(len(v) for v in cluster.values()) < 2:
+        return None
+    return task["type"], int(task.get("index", 0)), cluster
+
+
+def chief_task(task_type: str, index: int, cluster: dict) -> bool:
+    """The chief, else worker 0 when the cluster has no chief (MultiWorkerMirroredStrategy's rule)."""
+    return task_type == "chief" or (task_type == "worker" and index == 0 and "chief" not in cluster)
+
+
+def task_name(strategy: tf.distribute.Strategy) -> str:
+    """`<type>-<index>` of this process in the cluster (stable across restarts, unlike a pid)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return "local"
+    return f"{resolver.task_type}-{resolver.task_id}"
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """The worker that writes summaries and the real checkpoints."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.task_type:
         return True
-    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0 and
-                                             "chief" not in resolver.cluster_spec().as_dict())
+    return chief_task(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())

@@ -4,6 +4,7 @@ schema changes), written from the protos alone."""
 from __future__ import annotations
 
 import html
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2  # noqa: E402
 
 from validation.anomalies import Problem  # noqa: E402
@@ -49,8 +51,11 @@ def _plot(feature: str, per_split: dict[str, FNS], path: str) -> None:
     ax.set_xlabel("fraction" if not numeric else feature)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=80)
     plt.close(fig)
+    with tf.io.gfile.GFile(path, "wb") as f:  # the report folder may be on gs://...
+        f.write(image.getvalue())
 
 
 def _summary(stats: FNS, num_examples: int) -> str:
@@ -97,7 +102,7 @@ def write_report(
 ) -> str:
     """Writes `<out_dir>/index.html` and `<out_dir>/<feature>.png`; returns the page's path. With
     a baseline, its splits are drawn over the run's, with the drift figures and schema changes."""
-    os.makedirs(out_dir, exist_ok=True)
+    tf.io.gfile.makedirs(out_dir)  # the report folder may be on gs://...
     base_stats = baseline.stats_by_split if baseline is not None else {}
     features = sorted({f.name for s in [*stats_by_split.values(), *base_stats.values()] for f in s.features})
     types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature} if schema is not None else {}
@@ -146,6 +151,6 @@ td,th{{border:1px solid #ccc;padding:4px;vertical-align:top;font-size:13px}} tr.
 </table></body></html>
 """
     path = os.path.join(out_dir, "index.html")
-    with open(path, "w") as f:
+    with tf.io.gfile.GFile(path, "w") as f:
         f.write(page)
     return path
