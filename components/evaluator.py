@@ -36,9 +36,9 @@ def Evaluator(
     `serving_root` ("" for none) for `model_name`, by `champion_label` first. When the data
     validation accepted changes to the data (`anomalies`' `accepted_changes`), a champion that
     cannot read the new data does not refuse the candidate: it is blessed on the thresholds alone."""
-    from trainer.evaluation import evaluate_and_decide
+    from trainer.blessing import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
-    from trainer.export_config import EvaluatorConfig
+    from trainer.evaluator_config import EvaluatorConfig
 
     log = logging.getLogger("loopline.evaluator")
     config = EvaluatorConfig.model_validate_json(evaluator_config)

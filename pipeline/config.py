@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.config import ServingConfig
 from trainer.config import TrainerConfig
-from trainer.export_config import EvaluatorConfig, ExportConfig
+from trainer.evaluator_config import EvaluatorConfig
+from trainer.export_config import ExportConfig
 from validation.config import ValidationConfig
 
 

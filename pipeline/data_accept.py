@@ -7,7 +7,7 @@ import json
 import os
 
 from pipeline.config import ConfigError, LooplineConfig
-from pipeline.local_runner import newest_run_artifacts, open_store
+from pipeline.run_metadata import newest_run_artifacts, open_store
 from pipeline.pipeline import data_baseline_dir, metadata_path
 from validation.anomalies import problems_of, read_anomalies
 from validation.baseline import read_baseline, write_baseline

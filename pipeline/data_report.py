@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
 from pipeline.config import LooplineConfig
-from pipeline.local_runner import newest_run_artifacts, open_store
+from pipeline.run_metadata import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
 from validation.anomalies import ANOMALIES_FILE, problems_of, read_anomalies
 from validation.baseline import read_baseline_folder

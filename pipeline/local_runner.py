@@ -5,7 +5,6 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
@@ -13,6 +12,7 @@ from components.trainer import TFLITE_DROPPED
 from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
+from pipeline.run_metadata import newest_run_artifacts, open_store  # noqa: F401 - open_store: also for callers of this module
 
 
 @dataclass
@@ -52,29 +52,6 @@ class RunSummary:
             out.append("time       " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
                        + f" (components total {sum(self.seconds.values()):.1f}s)")
         return out
-
-
-def open_store(config: LooplineConfig) -> metadata_store.MetadataStore:
-    connection = metadata_store_pb2.ConnectionConfig()
-    connection.sqlite.filename_uri = metadata_path(config)
-    connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
-    return metadata_store.MetadataStore(connection)
-
-
-def newest_run_artifacts(store: metadata_store.MetadataStore):
-    """The newest pipeline run's context and its newest artifact of each type ({type name: artifact});
-    (None, {}) when no run is recorded."""
-    runs = store.get_contexts_by_type("pipeline_run")
-    if not runs:
-        return None, {}
-    run = max(runs, key=lambda c: c.id)
-    types = {t.id: t.name for t in store.get_artifact_types()}
-    newest: dict[str, metadata_store_pb2.Artifact] = {}
-    for artifact in store.get_artifacts_by_context(run.id):
-        name = types[artifact.type_id]
-        if name not in newest or artifact.id > newest[name].id:
-            newest[name] = artifact
-    return run, newest
 
 
 def summarize_last_run(config: LooplineConfig) -> RunSummary:

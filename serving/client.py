@@ -92,14 +92,14 @@ def describe(outputs: dict[str, np.ndarray]) -> list[str]:
     for i in range(n):
         parts = []
         for key in sorted(outputs):
-            if key.endswith("classes"):
-                scores = outputs[key[: -len("classes")] + "scores"][i].reshape(-1)
+            if key.endswith(names.CLASSES):
+                scores = outputs[key[: -len(names.CLASSES)] + names.SCORES][i].reshape(-1)
                 classes = outputs[key][i].reshape(-1)
                 best = int(np.argmax(scores))
                 label = classes[best].decode() if isinstance(classes[best], bytes) else str(classes[best])
-                head = key[: -len("_classes")] or "class"
+                head = key[: -len(names.CLASSES)].rstrip("_") or "class"
                 parts.append(f"{head}={label} ({scores[best]:.3f})")
-            elif not key.endswith("scores"):
+            elif not key.endswith(names.SCORES):
                 parts.append(f"{key}={float(outputs[key][i].reshape(-1)[0]):.4g}")
         lines.append(f"row {i}: " + "  ".join(parts))
     return lines

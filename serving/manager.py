@@ -1,6 +1,8 @@
-"""Which versions are served: reads models.config, polls base paths, loads and warms new versions
-before routing to them, unloads old ones after their in-flight requests, resolves requests'
-model specs (version or label) to a loaded version."""
+"""The version lifecycle (TF Serving's AspiredVersionsManager and ServerCore): applies a
+ModelServerConfig, loads and warms the versions the storage-path source (serving.storage_source)
+aspires to before routing to them, unloads old ones after their in-flight requests, and resolves
+requests' model specs (version or label) to a loaded version. `_lock` guards every map a request
+or status reads (_models, each state's loaded and failed); loading happens outside it."""
 from __future__ import annotations
 
 import logging
@@ -13,8 +15,9 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
-from serving.model_config import available_versions, is_remote, read_model_server_config, safe_base_path
+from serving.model_config import is_remote, safe_base_path
 from serving.servable import Servable
+from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
 
 log = logging.getLogger("loopline.serving")
@@ -26,33 +29,6 @@ class ModelState:
     loaded: dict[int, Servable] = field(default_factory=dict)
     # version -> (folder fingerprint, reason): a broken version is retried only once its files change
     failed: dict[int, tuple[tuple, str]] = field(default_factory=dict)
-
-
-def folder_fingerprint(path: str) -> tuple:
-    newest, count = 0.0, 0
-    for folder, _, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.stat(os.path.join(folder, f))
-            except OSError:
-                continue
-            newest, count = max(newest, st.st_mtime), count + st.st_size
-    return newest, count
-
-
-def wanted_versions(entry: model_server_config_pb2.ModelConfig, available: list[int]) -> list[int]:
-    policy = entry.model_version_policy
-    which = policy.WhichOneof("policy_choice")
-    if which == "all":
-        wanted = set(available)
-    elif which == "specific":
-        wanted = set(policy.specific.versions) & set(available)
-    else:
-        n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
-        wanted = set(available[-n:])
-    # Labels only resolve to loaded versions, so labelled ones are kept loaded.
-    wanted |= set(entry.version_labels.values()) & set(available)
-    return sorted(wanted)
 
 
 def load_servable(name: str, version: int, path: str, config: ServingConfig, max_elements: int, metrics=None) -> Servable:
@@ -85,12 +61,10 @@ class ModelManager:
         self.metrics = metrics
         self.method_check = config.signature_method_name_check
         self.models_config = models_config or os.path.join(serving_root, "models.config")
-        self._lock = threading.Lock()  # guards _models' structure; loading happens outside it
+        self._lock = threading.Lock()  # guards _models and every state's loaded and failed maps; loading happens outside it
         self._reconcile_lock = threading.Lock()
         self._models: dict[str, ModelState] = {}
-        self._config_stamp = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.source = StoragePathSource(self.models_config, self.apply_config, self.reconcile, config.poll_seconds)
         self.max_elements = max(1, config.max_request_bytes)  # no element is smaller than a byte
 
     # -- configuration -------------------------------------------------------------------------
@@ -144,26 +118,6 @@ class ModelManager:
                                            f"Request to assign label to version {version} of model {name}, "
                                            "which is not currently available for inference")
 
-    def _read_config_file(self, force: bool = False) -> None:
-        try:
-            st = os.stat(self.models_config)
-        except FileNotFoundError:
-            if self._config_stamp is None:
-                log.warning("no %s yet; serving nothing until it appears", self.models_config)
-                self._config_stamp = ()
-            return
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp == self._config_stamp and not force:
-            return
-        self._config_stamp = stamp
-        try:
-            server_config = read_model_server_config(self.models_config)
-            self.apply_config(server_config)
-            log.info("models.config: serving %s", [m.name for m in server_config.model_config_list.config])
-        except (ValueError, ServingError) as exc:
-            log.error("models.config not applied: %s", getattr(exc, "message", exc))
-            self.reconcile()
-
     # -- versions ------------------------------------------------------------------------------
     def reconcile(self) -> None:
         with self._reconcile_lock:
@@ -174,13 +128,9 @@ class ModelManager:
 
     def _reconcile_model(self, name: str, state: ModelState) -> None:
         base = state.entry.base_path
-        available = []
-        for v in available_versions(base):
-            failure = state.failed.get(v)
-            if failure and failure[0] == folder_fingerprint(os.path.join(base, str(v))):
-                continue  # still the same broken files
-            available.append(v)
-        wanted = wanted_versions(state.entry, available)
+        with self._lock:
+            failed = dict(state.failed)
+        wanted = aspired_versions(state.entry, failed)
         for version in wanted:
             if version in state.loaded:
                 continue
@@ -190,11 +140,12 @@ class ModelManager:
                 servable = load_servable(name, version, path, self.config, self.max_elements, self.metrics)
             except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                state.failed[version] = (fingerprint, reason)
+                with self._lock:  # status() reads it under the lock
+                    state.failed[version] = (fingerprint, reason)
                 log.error("model %s version %d refused, previous versions keep serving: %s", name, version, reason)
                 continue
-            state.failed.pop(version, None)
             with self._lock:
+                state.failed.pop(version, None)
                 state.loaded[version] = servable
             log.info("model %s version %d loaded and serving (signatures called through %s)", name, version,
                      servable.call_mode)
@@ -222,24 +173,12 @@ class ModelManager:
             for servable in state.loaded.values():
                 self._retire(servable)
 
-    # -- polling -------------------------------------------------------------------------------
+    # -- the source ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._read_config_file(force=True)
-        self._thread = threading.Thread(target=self._poll, name="version-poller", daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.config.poll_seconds):
-            try:
-                before = self._config_stamp
-                self._read_config_file()
-                if self._config_stamp == before:
-                    self.reconcile()
-            except Exception:  # noqa: BLE001 - the poller must survive anything
-                log.exception("version poll failed")
+        self.source.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.source.stop()
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, spec) -> Servable:

@@ -19,7 +19,6 @@ from serving.tensors import dtype_name
 
 log = logging.getLogger("loopline.serving")
 
-SIGNATURE_FILE = os.path.join(names.ASSETS_EXTRA, names.SIGNATURE_FILE)
 
 
 class Servable:
@@ -34,7 +33,7 @@ class Servable:
         self._functions = self._callers.callers
         self.call_mode = self._callers.mode
         self.description = {}
-        sig_file = os.path.join(path, SIGNATURE_FILE)
+        sig_file = names.signature_file(path)
         if tf.io.gfile.exists(sig_file):
             with tf.io.gfile.GFile(sig_file) as f:
                 self.description = json.loads(f.read())

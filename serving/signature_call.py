@@ -89,13 +89,13 @@ class SignatureCallers:
         try:
             self._session, self.callers = _session_callers(path, signature_defs, SINGLE_THREADED, intra_op_threads)
             return
-        except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure (a private API gone included) falls back
             log.warning("%s: the single-threaded executor refused this model (%s); using the default executor", path,
                         _first_line(exc))
         try:
             self._session, self.callers = _session_callers(path, signature_defs, "", intra_op_threads)
             self.mode = "session (default executor)"
-        except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - e.g. AttributeError when Session._make_callable_from_options is gone
             log.warning("%s: cannot be loaded into a Session (%s); calling its signatures eagerly", path,
                         _first_line(exc))
             self._loaded, self.callers = _eager_callers(path, signature_defs)

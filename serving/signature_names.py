@@ -9,6 +9,7 @@ TF Serving's names (tensorflow/python/saved_model/signature_constants.py):
   `tensorflow/serving/regress`.
 """
 
+import os
 import re
 import unicodedata
 
@@ -29,6 +30,18 @@ ASSETS_EXTRA = "assets.extra"
 SIGNATURE_FILE = "loopline_signature.json"  # feature kinds and heads, for readers without TensorFlow
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name (saved_model_warmup_util.h)
 WARMUP_MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
+
+
+
+def signature_file(saved_model_dir: str) -> str:
+    """Where an export keeps SIGNATURE_FILE."""
+    return os.path.join(saved_model_dir, ASSETS_EXTRA, SIGNATURE_FILE)
+
+
+def warmup_file(saved_model_dir: str) -> str:
+    """Where an export keeps TF Serving's warmup records."""
+    return os.path.join(saved_model_dir, ASSETS_EXTRA, WARMUP_FILE)
+
 
 # Layout of the signatures, recorded in SIGNATURE_FILE. Exports without it (layout 1) have
 # `serving_default` with every head's outputs (`classes`/`scores` or `outputs` for the first head,

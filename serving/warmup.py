@@ -28,7 +28,7 @@ _REPLAY = {
 
 
 def warmup_path(version_dir: str) -> str:
-    return os.path.join(version_dir, names.ASSETS_EXTRA, names.WARMUP_FILE)
+    return names.warmup_file(version_dir)
 
 
 def replay(servable, method_check: bool) -> int:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.evaluation import decide, read_examples
-from trainer.export_config import Bound, EvaluatorConfig
+from trainer.blessing import decide
+from trainer.evaluation import read_examples
+from trainer.evaluator_config import Bound, EvaluatorConfig
 from trainer.features import parse_examples
 from trainer.warmup import read_warmup
 
@@ -59,7 +60,7 @@ def test_champion_that_cannot_read_the_new_data_blocks_the_candidate(tmp_path):
     """The daily-run failure: a numeric column picked up text; the candidate trained on it reads
     it as a string, the champion cannot parse the new eval split. The gate must say no."""
     from tests.serving_helpers import example, export_model
-    from trainer.evaluation import evaluate_and_decide
+    from trainer.blessing import evaluate_and_decide
 
     champion = export_model(tmp_path / "champion")  # bill_length_mm: float32
     candidate = export_model(tmp_path / "candidate", kinds={"bill_length_mm": "string"})
@@ -100,7 +101,8 @@ def test_champion_exported_before_the_tf_serving_signatures_is_still_evaluated(t
     """A champion in the old layout (one serving_default with every head's outputs) is evaluated
     through that signature; the same weights in the new layout give the same metrics."""
     from tests.serving_helpers import export_model
-    from trainer.evaluation import evaluate_and_decide, evaluate_saved_model
+    from trainer.blessing import evaluate_and_decide
+    from trainer.evaluation import evaluate_saved_model
 
     old = export_model(tmp_path / "old", old_layout=True)
     new = export_model(tmp_path / "new")  # same seed: same weights

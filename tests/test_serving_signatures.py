@@ -85,3 +85,18 @@ def test_v1_control_flow_runs_on_the_default_executor(tmp_path):
     assert servable.call_mode == "session (default executor)"
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[-1.0]], np.float32)})["y"], [[-2.0]])
+
+
+def test_without_the_private_session_api_the_signatures_are_called_eagerly(tmp_path, monkeypatch):
+    """`Session._make_callable_from_options` is private TensorFlow API: where a release drops it,
+    the server still loads the model and answers, through the eager call."""
+    from tensorflow.python.client import session as session_lib
+
+    monkeypatch.delattr(session_lib.BaseSession, "_make_callable_from_options")
+    path = str(export_model(tmp_path / "1"))
+    servable = Servable("penguins", 1, path, None, 10**6)
+    assert servable.call_mode == "eager"
+    loaded = tf.saved_model.load(path)
+    eager = loaded.signatures["predict_raw"](**{k: tf.constant(v) for k, v in RAW.items()})
+    np.testing.assert_allclose(servable.run("predict_raw", RAW)["scores"], eager["scores"].numpy(), rtol=1e-6)
+    servable.unload()

@@ -13,8 +13,8 @@ from sklearn.metrics import roc_auc_score
 from tests.trainer_data import binary_splits, regression_splits
 from tests.trainer_modules import Recorder
 from trainer.config import TrainerConfig
-from trainer.evaluation import decide
-from trainer.export_config import EvaluatorConfig
+from trainer.blessing import decide
+from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train

@@ -16,7 +16,6 @@ from mlflow.models import infer_signature
 from serving import signature_names as names
 
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
-SIGNATURE_FILE = os.path.join(names.ASSETS_EXTRA, names.SIGNATURE_FILE)
 
 
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
@@ -24,7 +23,7 @@ def input_example_from_records(saved_model_dir: str, records: list[dict], rows: 
     ints or floats. Prefers complete records."""
     import tensorflow as tf
 
-    with tf.io.gfile.GFile(os.path.join(saved_model_dir, SIGNATURE_FILE)) as f:
+    with tf.io.gfile.GFile(names.signature_file(saved_model_dir)) as f:
         features = json.load(f)["features"]
     complete = [r for r in records if all(r.get(name) is not None for name in features)]
     chosen = (complete or records)[:rows]

@@ -21,7 +21,8 @@ from mlflow.models import set_model
 # would only repeat that, but warns on every load without it.
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")  # text starts with a colour code
 
-# Copies of serving/signature_names.py (this file is loaded without loopline): keep them equal.
+# Copies of serving/signature_names.py, the one definition of the export contract: MLflow copies
+# this file alone (models from code), so it cannot import it. tests/test_signature_names.py checks they are equal.
 SIGNATURE_FILE = os.path.join("assets.extra", "loopline_signature.json")
 PREDICT_RAW = "predict_raw"
 PREDICT = "predict"

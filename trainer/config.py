@@ -8,11 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 AUTO_STEPS_PER_LOOP = 32  # what steps_per_loop "auto" runs per call (or the epoch, if shorter)
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A section of loopline.yaml: unknown keys are refused, assignments validated."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class InputConfig(_Section):
+class InputConfig(Section):
     """tf.data over the GZIP TFRecord splits."""
 
     in_memory_mb: int = Field(
@@ -30,7 +32,7 @@ class InputConfig(_Section):
 Schedule = Literal["constant", "cosine", "exponential", "triangular"]
 
 
-class OptimizerSettings(_Section):
+class OptimizerSettings(Section):
     """`trainer.optimizers.<name>`: learning-rate keys for one of a module's optimizers (keyed like
     the models they train); a key left out takes the trainer-level value."""
 
@@ -43,7 +45,7 @@ class OptimizerSettings(_Section):
     min_learning_rate: float | None = Field(None, ge=0)
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     """Every key is optional; the defaults train the bundled data as they are."""
 
     module_file: str | None = Field(

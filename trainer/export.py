@@ -125,7 +125,7 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
                    "default_head": default_name, "signature_names": signature_names_of(columns)}
     assets = os.path.join(export_dir, names.ASSETS_EXTRA)
     tf.io.gfile.makedirs(assets)
-    with tf.io.gfile.GFile(os.path.join(assets, names.SIGNATURE_FILE), "w") as f:
+    with tf.io.gfile.GFile(names.signature_file(export_dir), "w") as f:
         f.write(json.dumps(description, indent=2))
     return export_dir
 

@@ -1,9 +1,11 @@
-"""The `export:` and `evaluator:` sections of loopline.yaml."""
+"""The `export:` section of loopline.yaml."""
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from trainer.config import Section
 
 TFLiteVariant = Literal["float32", "dynamic_range", "float16", "int8"]
 
@@ -17,11 +19,7 @@ DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.1, "float16": 0.
 DEFAULT_METRIC_TOLERANCE = {"float32": 1e-6, "dynamic_range": 0.02, "float16": 0.01, "int8": 0.03}
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ExportConfig(_Section):
+class ExportConfig(Section):
     """What the Trainer writes besides the SavedModel."""
 
     tflite_variants: list[TFLiteVariant] = Field(
@@ -48,28 +46,3 @@ class ExportConfig(_Section):
             if set(current) != set(defaults):
                 object.__setattr__(self, name, {**defaults, **current})
         return self
-
-
-class Bound(_Section):
-    min: float | None = None
-    max: float | None = None
-
-
-class EvaluatorConfig(_Section):
-    """When a candidate model is blessed (and so pushed)."""
-
-    thresholds: dict[str, Bound] = Field(
-        default_factory=dict,
-        description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}}.",
-    )
-    compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the champion (labelled, else last pushed).")
-    on_champion_error: Literal["refuse", "thresholds_only"] = Field(
-        "refuse",
-        description="When the champion cannot be compared (it cannot be evaluated on the candidate's eval split, "
-                    "its heads differ, or a compared metric is missing on its side): refuse the candidate, "
-                    "or bless it on the thresholds alone, saying so.",
-    )
-    regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
-    relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
-    absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
-    eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")

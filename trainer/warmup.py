@@ -50,7 +50,7 @@ def write_warmup(export_dir: str, serialized_examples: list[bytes], raw_features
         raise ValueError("warmup needs at least one example")
     folder = os.path.join(export_dir, names.ASSETS_EXTRA)
     tf.io.gfile.makedirs(folder)
-    path = os.path.join(folder, WARMUP_FILE)
+    path = names.warmup_file(export_dir)
     with tf.io.TFRecordWriter(path) as writer:
         writer.write(examples_log(default_method, names.DEFAULT, serialized_examples).SerializeToString())
         writer.write(predict_log(names.PREDICT, {names.INPUTS: np.array(serialized_examples, dtype=object)}).SerializeToString())
@@ -60,5 +60,5 @@ def write_warmup(export_dir: str, serialized_examples: list[bytes], raw_features
 
 
 def read_warmup(export_dir: str) -> list[prediction_log_pb2.PredictionLog]:
-    path = os.path.join(export_dir, names.ASSETS_EXTRA, WARMUP_FILE)
+    path = names.warmup_file(export_dir)
     return [prediction_log_pb2.PredictionLog.FromString(r) for r in tf.data.TFRecordDataset(path).as_numpy_iterator()]

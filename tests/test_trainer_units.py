@@ -1,0 +1,66 @@
+"""Fast unit tests of the trainer's pure rules, beside the integration tests that run them in a loop:
+per-head losses, the metric direction, the calls between events, and a head's prediction key."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.actions import EarlyStopping, steps_to_next_event
+from trainer.evaluation import prediction_key
+from trainer.heads import CLASSIFICATION, REGRESSION, Head, higher_is_better
+from trainer.steps import head_losses
+
+
+def _heads():
+    return [Head("species", CLASSIFICATION, vocabulary=["a", "b"]), Head("mass", REGRESSION, mean=0.0, std=2.0)]
+
+
+def test_head_losses_divide_by_the_global_batch_and_mask_missing_labels():
+    species, mass = _heads()
+    targets = {"species": tf.constant([0, 1, -1]), "mass": tf.constant([1.0, float("nan"), 3.0])}
+    outputs = {"species": tf.constant([[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]), "mass": tf.constant([[1.0], [5.0], [1.0]])}
+    losses = head_losses([species, mass], targets, outputs, global_batch_size=4)
+    # Classification: -log p(label) of the labelled rows; the third row has no label.
+    np.testing.assert_allclose(float(losses["species"]), (-math.log(0.5) - math.log(0.75)) / 4, rtol=1e-5)
+    # Regression in label standard deviations; the NaN label counts zero.
+    np.testing.assert_allclose(float(losses["mass"]), (0.0 + ((1.0 - 3.0) / 2.0) ** 2) / 4, rtol=1e-6)
+
+
+@pytest.mark.parametrize("metric, higher", [
+    ("species_accuracy", True), ("auc", True), ("val/precision", True), ("recall-macro", True), ("f1", True),
+    ("loss", False), ("mass_rmse", False), ("weighted_loss", False), ("mae", False), ("accurate_loss", False),
+])
+def test_metric_direction(metric, higher):
+    assert higher_is_better(metric) is higher
+
+
+def test_early_stopping_follows_the_metric_direction():
+    stopping = EarlyStopping("species_accuracy", patience=2)
+    assert not stopping.should_stop({"species_accuracy": 0.5}, 1)
+    assert not stopping.should_stop({"species_accuracy": 0.6}, 2)  # better: higher
+    assert not stopping.should_stop({"species_accuracy": 0.55}, 3)
+    assert stopping.should_stop({"species_accuracy": 0.6}, 4)  # not better than the best twice running
+    losses = EarlyStopping("loss", patience=1)
+    assert not losses.should_stop({"loss": 1.0}, 1)
+    assert not losses.should_stop({"loss": 0.5}, 2)  # better: lower
+    assert losses.should_stop({"loss": 0.7}, 3)
+    with pytest.raises(ValueError, match="'nope' is not an eval metric"):
+        EarlyStopping("nope", 1).should_stop({"loss": 1.0}, 1)
+
+
+def test_a_call_runs_up_to_the_next_event():
+    # (step, total, eval_every, checkpoint_every, hist_every, steps_per_loop)
+    assert steps_to_next_event(0, 100, 10, 0, 0, 64) == 10
+    assert steps_to_next_event(10, 100, 50, 25, 0, 64) == 15  # the checkpoint comes first
+    assert steps_to_next_event(90, 95, 50, 0, 0, 64) == 5  # the end
+    assert steps_to_next_event(0, 1000, 500, 0, 7, 64) == 7  # histograms
+    assert steps_to_next_event(0, 1000, 500, 0, 0, 4) == 4  # steps_per_loop caps a call
+
+
+def test_prediction_key_names_the_first_head_plainly_and_the_others_by_name():
+    species, mass = _heads()
+    assert prediction_key([species, mass], species) == "scores"
+    assert prediction_key([species, mass], mass) == "mass"
+    assert prediction_key([mass, species], mass) == "outputs"
+    assert prediction_key([mass, species], species) == "species_scores"

@@ -1,0 +1,204 @@
+"""What runs between the loop's calls (Orbit's Controller actions): train summaries, histograms,
+evaluation, early stopping, checkpoints, and the final evaluation.
+
+`Actions.after_loop(step, n, out)` runs them after each call of `run_steps`, in that order, and
+says whether training should stop early; `Actions.finish(step)` ends the run.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from trainer import optimization
+from trainer.build import Run
+from trainer.features import FeatureKinds, FeatureStats
+from trainer.heads import CLASSIFICATION, Head, higher_is_better
+from trainer.split_eval import SplitEvaluation, user_metrics
+from trainer.steps import head_losses
+from trainer.summaries import Progress, Summaries
+
+log = logging.getLogger("loopline.trainer")
+
+
+@dataclass
+class TrainResult:
+    model: keras.Model  # float32, holding the weights to export (the EMA ones when ema_decay is set)
+    kinds: FeatureKinds  # model inputs (labels removed)
+    heads: list[Head]
+    stats: FeatureStats
+    metrics: dict[str, float]  # final evaluation on the eval split
+    steps: int
+
+
+class EarlyStopping:
+    """Stops after `patience` evaluations without improvement of `metric` (direction: higher_is_better)."""
+
+    def __init__(self, metric: str | None, patience: int):
+        self.metric, self.patience = metric, patience
+        self.best, self.stale = None, 0
+
+    def should_stop(self, metrics: dict[str, float], step: int) -> bool:
+        if not self.metric:
+            return False
+        if self.metric not in metrics:
+            raise ValueError(f"trainer.early_stopping_metric '{self.metric}' is not an eval "
+                             f"metric; eval metrics are {sorted(metrics)}")
+        value = metrics[self.metric]
+        better = self.best is None or (value > self.best if higher_is_better(self.metric) else value < self.best)
+        if better:
+            self.best, self.stale = value, 0
+            return False
+        self.stale += 1
+        if self.stale < self.patience:
+            return False
+        log.info("early stopping at step %d: %s has not improved for %d evaluations (best %.4g)",
+                 step, self.metric, self.stale, self.best)
+        return True
+
+
+def steps_to_next_event(step, total_steps, eval_every, checkpoint_every, hist_every, steps_per_loop) -> int:
+    """Steps in the next call: up to the next evaluation, checkpoint, histogram or the end, at most steps_per_loop."""
+    stops = [total_steps, (step // eval_every + 1) * eval_every]
+    if checkpoint_every:
+        stops.append((step // checkpoint_every + 1) * checkpoint_every)
+    if hist_every:
+        stops.append((step // hist_every + 1) * hist_every)
+    return min(steps_per_loop, min(stops) - step)
+
+
+class Actions:
+    """The actions of one run, with the state they keep between calls."""
+
+    def __init__(self, run: Run, start_step: int):
+        config, chief = run.config, run.chief
+        self.run = run
+        self.summaries = Summaries(run.work_dir if chief else None, config.tensorboard,
+                                   run.metric_sinks if chief else ())
+        self.progress = Progress(config.progress if chief else "log", run.total_steps, start_step)
+        self.eval_every = config.eval_every_steps or run.steps_per_epoch
+        self.hist_every = config.histogram_every_steps
+        self.evaluation = SplitEvaluation(run.export_model, run.heads, run.eval_data, user_metrics(run.module, run.ctx),
+                                          getattr(run.module, "metrics", None), run.weights_fn)
+        self.stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping_patience)
+        self.metrics: dict[str, float] = {}
+        self.evaluated_at = -1
+        self.since_eval = [0.0, 0]  # train loss summed over steps since the last evaluation, steps
+
+    def next_call_steps(self, step: int) -> int:
+        return steps_to_next_event(step, self.run.total_steps, self.eval_every, self.run.checkpoints.every_steps,
+                                   self.hist_every, self.run.speed.steps_per_loop)
+
+    def after_loop(self, step: int, n: int, out: dict[str, float]) -> bool:
+        """The actions after a call of n steps that ended at `step`; True: stop early."""
+        self.record_train(step, n, out)
+        if self.hist_every and step % self.hist_every == 0:
+            write_histograms(self.summaries, step, self.run)
+        if step % self.eval_every == 0 or step == self.run.total_steps:
+            self.evaluate(step, out)
+            if self.stopping.should_stop(self.metrics, step):
+                self.run.checkpoints.save(step)
+                return True
+        if self.run.checkpoints.due(step) or step == self.run.total_steps:
+            self.run.checkpoints.save(step)
+        return False
+
+    def record_train(self, step: int, n: int, out: dict[str, float]) -> None:
+        """Train summaries and progress for the call's mean metrics."""
+        self.summaries.scalars("train", step, out)
+        self.progress.update(step, out)
+        if "loss" in out:
+            self.since_eval = [self.since_eval[0] + out["loss"] * n, self.since_eval[1] + n]
+
+    def evaluate(self, step: int, out: dict[str, float] | None = None) -> None:
+        sync_export_model(self.run)
+        self.metrics = self.evaluation(step)
+        self.evaluated_at = step
+        if out is None:  # the final evaluation: not summarised or logged
+            return
+        self.summaries.scalars("eval", step, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
+        run = self.run
+        _log_evaluation(step, run.steps_per_epoch, run.total_steps, run.config.epochs, self.since_eval,
+                        self.metrics, out)
+        self.since_eval = [0.0, 0]
+
+    def finish(self, step: int) -> TrainResult:
+        """Evaluates the final weights unless that was just done; records the final loss weights."""
+        run = self.run
+        self.progress.close()
+        if self.evaluated_at != step:
+            self.evaluate(step)
+        if run.weights_fn is not None and run.heads:
+            _record_final_weights(run.heads, run.weights_fn, step, self.metrics, run.export_model)
+        self.summaries.close()
+        return TrainResult(run.export_model, run.kinds, run.heads, run.stats, self.metrics, step)
+
+
+def train_metrics(out: dict[str, float], heads: list[Head]) -> dict[str, float]:
+    """A call's outputs as logged: accuracy per classification head from its counts."""
+    for head in heads:
+        if head.kind == CLASSIFICATION:
+            correct, labelled = out.pop(f"{head.name}_correct", 0.0), out.pop(f"{head.name}_labelled", 0.0)
+            if labelled > 0:
+                out[f"{head.name}_accuracy"] = correct / labelled
+    return out
+
+
+def sync_export_model(run: Run) -> None:
+    """The export copy takes the live weights (their EMA where the optimizer keeps one)."""
+    ema = optimization.ema_values(run.optimizer) if run.optimizer is not None else None
+    averaged = {id(v): e for v, e in zip(run.model.trainable_variables, ema)} if ema else {}
+    run.export_model.set_weights([keras.ops.convert_to_numpy(averaged.get(id(v), v)) for v in run.model.weights])
+
+
+def write_histograms(summaries: Summaries, step: int, run: Run) -> None:
+    """Weights (live, not EMA) and, with heads, gradients and per-layer grad norms on a fixed batch."""
+    export_model = run.export_model
+    export_model.set_weights([keras.ops.convert_to_numpy(v) for v in run.model.weights])
+    if not run.heads:  # a train_step module's losses are its own: weights only
+        summaries.histograms(step, {f"weights/{v.path}": keras.ops.convert_to_numpy(v)
+                                    for v in export_model.trainable_variables})
+        return
+    histograms, norms = diagnostics(export_model, run.heads, run.probe_batch)
+    summaries.histograms(step, histograms)
+    summaries.scalars("train", step, norms)
+
+
+def diagnostics(model: keras.Model, heads: list[Head], batch) -> tuple[dict, dict]:
+    """Weight and gradient histograms and per-layer gradient norms, on one fixed training batch."""
+    features, targets = batch
+    size = int(next(iter(features.values())).shape[0])
+    with tf.GradientTape() as tape:
+        outputs = model(features, training=False)
+        losses = head_losses(heads, targets, outputs, size)
+        loss = tf.add_n([h.weight * losses[h.name] for h in heads])
+    gradients = tape.gradient(loss, model.trainable_variables)
+    histograms, norms = {}, {}
+    for variable, gradient in zip(model.trainable_variables, gradients):
+        if gradient is None:
+            continue
+        histograms[f"weights/{variable.path}"] = keras.ops.convert_to_numpy(variable)
+        histograms[f"gradients/{variable.path}"] = gradient.numpy()
+        norms[f"grad_norm/{variable.path}"] = float(tf.norm(gradient))
+    return histograms, norms
+
+
+def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
+    """Head.weight := the module's loss weight at the final step (on the eval losses), so the
+    export records them and the Evaluator computes the same weighted_loss."""
+    losses = {h.name: tf.constant(metrics[f"{h.name}_loss"], tf.float32) for h in heads}
+    weights = weights_fn(tf.constant(step, tf.int64), losses, model)
+    for head in heads:
+        head.weight = float(weights.get(head.name, head.weight))
+
+
+def _log_evaluation(step, steps_per_epoch, total_steps, epochs, since_eval, metrics, out) -> None:
+    """One line per evaluation: the mean train loss over the steps since the last one (the
+    epoch's, with the default eval_every_steps), the eval metrics and the last call's rate."""
+    train_loss = since_eval[0] / since_eval[1] if since_eval[1] else float("nan")
+    shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
+    log.info("epoch %d/%d step %d/%d train_loss=%.4g eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
+             epochs, step, total_steps, train_loss, shown, out["examples_per_sec"])

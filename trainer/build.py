@@ -1,0 +1,239 @@
+"""Building a training run: everything the steps and the controller use, in one object.
+
+Like Orbit's trainer object: the strategy, the user's module, its models and optimizers, the
+datasets and the checkpoints are made once here; `trainer.steps` compiles the steps from the
+`Run`, and `trainer.loop` drives them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from serving.signature_names import signature_names_of
+from trainer import optimization
+from trainer.checkpoints import Checkpoints
+from trainer.config import TrainerConfig
+from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
+from trainer.heads import CLASSIFICATION, Head
+from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
+from trainer.model import (
+    ModelContext,
+    build_models,
+    declared_head_kinds,
+    head_kinds,
+    label_names,
+    load_module,
+    loss_weights_hook,
+    make_head,
+    module_for_data,
+    split_at_encoder,
+)
+from trainer.speed import Speed, resolve_speed
+from trainer.strategy import is_chief, make_strategy, task_name
+from trainer.summaries import MetricSink
+
+log = logging.getLogger("loopline.trainer")
+
+
+@dataclass
+class Run:
+    """One training run, built by `build_run`."""
+
+    config: TrainerConfig
+    strategy: tf.distribute.Strategy
+    chief: bool
+    module: object  # the user's model module
+    ctx: ModelContext
+    all_kinds: FeatureKinds  # every column, labels included
+    stats: FeatureStats
+    heads: list[Head]
+    steps_per_epoch: int
+    total_steps: int
+    speed: Speed
+    models: dict[str, keras.Model]
+    optimizers: dict[str, keras.optimizers.Optimizer]
+    rng: tf.random.Generator
+    model: keras.Model  # the live model that is exported
+    export_model: keras.Model  # its float32 copy, holding the weights to export
+    step_var: tf.Variable
+    batches_var: tf.Variable  # batches consumed: where a resumed run's stream starts
+    checkpoints: Checkpoints
+    start_step: int
+    iterator: object  # the distributed training stream
+    stepped: keras.Model  # the model, or the part after the encoder when strings stay out of XLA
+    jit: bool
+    eval_data: tf.data.Dataset
+    probe_batch: tuple  # a fixed training batch for gradient histograms
+    work_dir: str | None
+    metric_sinks: Sequence[MetricSink]
+
+    @property
+    def kinds(self) -> FeatureKinds:
+        """The model's inputs (labels removed)."""
+        return self.ctx.kinds
+
+    @property
+    def custom_step(self) -> Callable | None:
+        return getattr(self.module, "train_step", None)
+
+    @cached_property
+    def weights_fn(self) -> Callable | None:
+        return loss_weights_hook(self.module)
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer | None:
+        """The exported model's optimizer: its EMA weights are the ones exported."""
+        return self.optimizers.get(export_name(self.module, self.models))
+
+    @property
+    def fused(self) -> bool:
+        """On one replica without a train_step override, steps and their totals compile together."""
+        return self.strategy.num_replicas_in_sync == 1 and self.custom_step is None
+
+
+def refuse_keys_an_override_cannot_use(config: TrainerConfig) -> None:
+    """At start-up: unroll_steps fuses the loop's own steps; a train_step override is not fused."""
+    if config.unroll_steps != 1:
+        raise ValueError(f"the module's train_step cannot be unrolled, so trainer.unroll_steps={config.unroll_steps} "
+                         "cannot apply to it; leave it at 1")
+
+
+def export_name(module, models: dict) -> str:
+    return getattr(module, "EXPORT_MODEL", None) or next(iter(models))
+
+
+def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, label: str,
+              metric_sinks: Sequence[MetricSink], work_dir: str | None, kinds: FeatureKinds | None,
+              label_kind: str, max_classes: int | None) -> Run:
+    strategy = make_strategy(config.strategy)
+    chief = is_chief(strategy)
+    data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes)
+    steps_per_epoch, total_steps = _run_length(config, data["stats"])
+    replicas = strategy.num_replicas_in_sync
+    if config.batch_size % replicas:
+        raise ValueError(f"trainer.batch_size={config.batch_size} must divide evenly across {replicas} replicas")
+    on_cpu = replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices)
+    module = data["module"]
+    custom = getattr(module, "train_step", None) is not None
+    speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch)
+    models, optimizers, rng, export_model = _models_and_optimizers(config, strategy, module, data["ctx"], total_steps)
+    model = models[export_name(module, models)]
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    batches_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_consumed")
+    checkpoints = Checkpoints(
+        os.path.join(work_dir, "checkpoints") if work_dir else None,
+        keep=config.keep_checkpoints,
+        every_steps=config.checkpoint_every_steps or steps_per_epoch,
+        chief=chief,
+        task=task_name(strategy),
+        step=step_var, batches_consumed=batches_var, rng=rng,
+        **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
+    )
+    start_step = checkpoints.start(config.resume, step_var)  # restores the variables above
+    inputs = _datasets(config, module, strategy, model, data, train_pattern, eval_pattern,
+                       int(batches_var.numpy()), speed.jit_compile)
+    if config.unroll_steps > 1 and not (replicas == 1 and not custom):
+        log.warning("trainer.unroll_steps=%d applies on one replica without a train_step override; running "
+                    "one step per call", config.unroll_steps)
+    return Run(config=config, strategy=strategy, chief=chief, module=module, ctx=data["ctx"],
+               all_kinds=data["all_kinds"], stats=data["stats"], heads=data["heads"],
+               steps_per_epoch=steps_per_epoch, total_steps=total_steps, speed=speed, models=models,
+               optimizers=optimizers, rng=rng, model=model, export_model=export_model, step_var=step_var,
+               batches_var=batches_var, checkpoints=checkpoints, start_step=start_step, **inputs,
+               work_dir=work_dir, metric_sinks=metric_sinks)
+
+
+def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> dict:
+    """What the data holds: feature kinds (from the schema when given), statistics, one head per label."""
+    all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
+    signature_names_of(all_kinds)  # two columns with one name in the model: an error naming both
+    module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
+    if getattr(module, "train_step", None) is not None:
+        refuse_keys_an_override_cannot_use(config)
+    labels = label_names(module, label)
+    for name in labels:
+        if name not in all_kinds:
+            raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
+    # A split that fits in memory is parsed once: the statistics and the training stream share it.
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size)
+    label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
+    stats = compute_stats(column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds),
+                          all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
+    heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
+    inputs = {k: v for k, v in all_kinds.items() if k not in labels}
+    return {"all_kinds": all_kinds, "module": module, "columns": columns, "stats": stats, "heads": heads,
+            "ctx": ModelContext(inputs, stats, heads)}
+
+
+def _run_length(config: TrainerConfig, stats: FeatureStats) -> tuple[int, int]:
+    """An epoch is one pass of full batches; a step takes grad_accum_steps batches."""
+    batches_per_epoch = max(stats.count // config.batch_size, 1)  # stats.count: rows in the train split
+    steps_per_epoch = max(batches_per_epoch // config.grad_accum_steps, 1)
+    total_steps = config.epochs * steps_per_epoch
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    return steps_per_epoch, total_steps
+
+
+def _models_and_optimizers(config, strategy, module, ctx, total_steps):
+    """Models and optimizers under the strategy and precision policy; an export copy in float32."""
+    schedule = optimization.learning_rate_schedule(config, total_steps)
+    keras.config.set_dtype_policy(config.precision)
+    with strategy.scope():
+        models = build_models(module, ctx)
+        if getattr(module, "train_step", None) is not None:
+            ctx.learning_rates = optimization.optimizer_schedules(config, list(models), total_steps)
+            optimizers = _module_optimizers(module, ctx, schedule, models, config)
+        else:
+            optimizers = {"model": optimization.make_optimizer(config, schedule, models["model"].trainable_variables)}
+        rng = tf.random.Generator.from_seed(config.seed)
+    keras.config.set_dtype_policy("float32")
+    export_model = build_models(module, ctx)[export_name(module, models)]
+    return models, optimizers, rng, export_model
+
+
+def _module_optimizers(module, ctx, schedule, models, config) -> dict:
+    """A train_step module's optimizers (ctx.learning_rates set), with the config's per-optimizer controls: lr_multipliers
+    and float16 loss scaling on each, EMA on the exported model's (under the strategy scope)."""
+    optimizers = module.build_optimizers(ctx, schedule)
+    exported = export_name(module, models)
+    return {name: optimization.prepare(opt, config, models[name].trainable_variables if name in models else [],
+                                       ema=name == exported) for name, opt in optimizers.items()}
+
+
+def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit) -> dict:
+    """The distributed training stream (resuming after `skip_batches`), the eval split and a probe batch."""
+    all_kinds, heads = data["all_kinds"], data["heads"]
+    dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
+                              skip_batches=skip_batches, columns=data["columns"],
+                              augment=getattr(module, "augment", None))
+    custom = getattr(module, "train_step", None) is not None
+    stepped, dataset, jit_on = _compile_strings_out(model, data["ctx"].kinds, dataset, config, jit and not custom)
+    return {"iterator": iter(strategy.experimental_distribute_dataset(dataset)), "stepped": stepped,
+            "jit": jit_on or (jit and custom),
+            "eval_data": make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input),
+            "probe_batch": next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))}
+
+
+def _compile_strings_out(model, kinds, dataset, config, jit: bool):
+    """XLA cannot compile strings: with jit and string features, the encoder (constants, no
+    weights) runs in tf.data and the compiled step trains the layers after it. Returns (the model
+    the step calls, the dataset, jit); jit "auto" falls back when the model has no encoder."""
+    if not jit or all(is_number(kind) for kind in kinds.values()):
+        return model, dataset, jit
+    try:
+        encoder, stepped = split_at_encoder(model, kinds)
+    except ValueError as exc:
+        if config.jit_compile is True:
+            raise
+        log.info("trainer.jit_compile=auto: XLA off (%s)", exc)
+        return model, dataset, False
+    dataset = dataset.map(lambda features, targets: (encoder(features), targets),
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
+    return stepped, dataset, jit

@@ -1,0 +1,33 @@
+"""The `evaluator:` section of loopline.yaml: when a candidate model is blessed (trainer.blessing)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trainer.config import Section
+
+
+class Bound(Section):
+    min: float | None = None
+    max: float | None = None
+
+
+class EvaluatorConfig(Section):
+    """When a candidate model is blessed (and so pushed)."""
+
+    thresholds: dict[str, Bound] = Field(
+        default_factory=dict,
+        description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}}.",
+    )
+    compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the champion (labelled, else last pushed).")
+    on_champion_error: Literal["refuse", "thresholds_only"] = Field(
+        "refuse",
+        description="When the champion cannot be compared (it cannot be evaluated on the candidate's eval split, "
+                    "its heads differ, or a compared metric is missing on its side): refuse the candidate, "
+                    "or bless it on the thresholds alone, saying so.",
+    )
+    regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
+    relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
+    absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
+    eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
