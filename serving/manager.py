@@ -15,7 +15,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
-from serving.model_config import is_remote, safe_base_path
+from serving.model_config import is_remote, model_config_path, resolved_path, safe_base_path
 from serving.servable import Servable
 from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
@@ -56,11 +56,11 @@ def _platform_problem(entry: model_server_config_pb2.ModelConfig) -> ServingErro
 
 class ModelManager:
     def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None, metrics=None):
-        self.serving_root = os.path.realpath(serving_root)
+        self.serving_root = resolved_path(serving_root)
         self.config = config
         self.metrics = metrics
         self.method_check = config.signature_method_name_check
-        self.models_config = models_config or os.path.join(serving_root, "models.config")
+        self.models_config = models_config or model_config_path(serving_root)
         self._lock = threading.Lock()  # guards _models and every state's loaded and failed maps; loading happens outside it
         self._reconcile_lock = threading.Lock()
         self._models: dict[str, ModelState] = {}
@@ -85,7 +85,7 @@ class ModelManager:
                 raise problem
             try:
                 base = safe_base_path(self.serving_root, entry.name)
-                if os.path.realpath(entry.base_path) != base:
+                if resolved_path(entry.base_path) != base:
                     raise ValueError(f"base_path {entry.base_path!r} is not inside the serving root as <root>/{entry.name}")
             except ValueError as exc:
                 raise invalid(f"model {entry.name}: {exc} (loopline serves only models under its serving root)") from None

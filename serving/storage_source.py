@@ -9,6 +9,7 @@ import os
 import threading
 from typing import Callable
 
+import tensorflow as tf
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.errors import ServingError
@@ -18,14 +19,16 @@ log = logging.getLogger("loopline.serving")
 
 
 def folder_fingerprint(path: str) -> tuple:
-    newest, count = 0.0, 0
-    for folder, _, files in os.walk(path):
+    """(newest modification time, total bytes) of a version's files, through tf.io.gfile: base
+    paths may be on an object store."""
+    newest, count = 0, 0
+    for folder, _, files in tf.io.gfile.walk(path):
         for f in files:
             try:
-                st = os.stat(os.path.join(folder, f))
-            except OSError:
+                st = tf.io.gfile.stat(os.path.join(folder, f))
+            except tf.errors.OpError:
                 continue
-            newest, count = max(newest, st.st_mtime), count + st.st_size
+            newest, count = max(newest, st.mtime_nsec), count + st.length
     return newest, count
 
 
