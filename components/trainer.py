@@ -75,7 +75,7 @@ def Trainer(
     if dropped:  # read by the run summary; the MLflow run gets it as a tag
         model.set_string_custom_property(TFLITE_DROPPED, json.dumps(dropped))
     if run:
-        report = run.finish({"trainer": model_run.uri}, tags={TFLITE_DROPPED_TAG: json.dumps(dropped)} if dropped else None)
+        delivery = run.finish({"trainer": model_run.uri}, tags={TFLITE_DROPPED_TAG: json.dumps(dropped)} if dropped else None)
         # The Registrar continues this MLflow run (and replays undelivered metrics) from here.
-        model.set_string_custom_property("mlflow_run_id", report.run_id or "")
-        model.set_int_custom_property("mlflow_undelivered_metrics", report.undelivered)
+        model.set_string_custom_property("mlflow_run_id", delivery.run_id or "")
+        model.set_int_custom_property("mlflow_undelivered_metrics", delivery.undelivered)
