@@ -8,12 +8,56 @@ DataGate stops the pipeline before the Trainer when anomalies stop the run (unle
 `validation.warn_only`). It is a step of its own because TFX deletes a failed component's
 outputs: the validator must succeed for its anomalies to stay readable (`loopline data report`)."""
 
+import contextlib
+import json
 import logging
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
-from tfx.types.standard_artifacts import ExampleAnomalies, ExampleStatistics, Schema
+from tfx.types.standard_artifacts import ExampleAnomalies, Examples, ExampleStatistics, Schema
+
+from components.splits import split_pattern
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """The Trainer logs its own decisions (e.g. a module for other data); said once is enough."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _label_classes(examples, splits: list[str], schema, labels_config: str) -> list:
+    """Each classification label's rows per class and split, by the Trainer's own rules for which
+    columns are labels and of which kind (trainer.model) and how a class is named (trainer.features).
+    The statistics cannot tell: they keep no value list for an integer column."""
+    from serving.signature_names import signature_name
+    from trainer.features import compute_stats, kinds_from_schema
+    from trainer.heads import CLASSIFICATION
+    from trainer.inputs import parsed_batches
+    from trainer.model import declared_head_kinds, head_kinds, label_names, load_module, module_for_data
+    from validation.labels import LabelClasses
+
+    wanted = json.loads(labels_config)
+    kinds = kinds_from_schema(schema)
+    with _quiet("loopline.trainer"):
+        module = module_for_data(load_module(wanted.get("module_file")), wanted["label"], kinds, wanted.get("module_file"))
+    labels = [name for name in label_names(module, wanted["label"]) if name in kinds]
+    heads = head_kinds(labels, kinds, declared_head_kinds(module), wanted.get("label_kind", "auto"))
+    out = []
+    for column in (name for name, kind in heads.items() if kind == CLASSIFICATION):
+        by_split = {}
+        for split in splits:
+            only = {column: kinds[column]}
+            stats = compute_stats(parsed_batches(split_pattern(examples, split), only), only, classes=[column])
+            by_split[split] = stats.classes[signature_name(column)]
+        out.append(LabelClasses(column, signature_name(column), by_split))
+    return out
 
 
 @component
@@ -24,10 +68,15 @@ def ExampleValidator(
     validation_config: Parameter[str],
     baseline_dir: Parameter[str] = "",
     baseline_cache_key: Parameter[str] = "",
+    examples: InputArtifact[Examples] = None,
+    labels_config: Parameter[str] = "",
+    module_sha256: Parameter[str] = "",
 ) -> None:
-    """`baseline_dir`: the baseline record's folder ("" for none); `baseline_cache_key` is only
-    there for the cache key."""
-    del baseline_cache_key
+    """`baseline_dir`: the baseline record's folder ("" for none); `baseline_cache_key` and
+    `module_sha256` are only there for the cache key. With `examples` and `labels_config` (JSON:
+    data.label, data.label_kind, trainer.module_file), the classification labels' eval classes
+    are checked against the train split's."""
+    del baseline_cache_key, module_sha256
     from validation.anomalies import format_problems, has_anomalies, write_anomalies
     from validation.baseline import read_baseline
     from validation.config import ValidationConfig
@@ -41,7 +90,14 @@ def ExampleValidator(
     stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
     baseline = read_baseline(baseline_dir) if baseline_dir else None  # raises if present but unreadable
     source = schema.get_string_custom_property("source") or ("curated" if baseline is None else "baseline")
-    result = validate_run(stats, load_schema(schema.uri), source, baseline, config)
+    run_schema = load_schema(schema.uri)
+    labels = []
+    if examples is not None and labels_config:
+        try:
+            labels = _label_classes(examples, splits, run_schema, labels_config)
+        except Exception as exc:  # a report, not a gate: the Trainer stops on the same error, named
+            log.warning("label classes not checked against the train split: %s", exc)
+    result = validate_run(stats, run_schema, source, baseline, config, labels)
 
     anomalies.split_names = artifact_utils.encode_split_names(splits)
     blessed = {}
@@ -58,6 +114,9 @@ def ExampleValidator(
     anomalies.set_string_custom_property("baseline", result.baseline)
     anomalies.set_string_custom_property("baseline_location", result.baseline_location)
     anomalies.set_string_custom_property("accepted_changes", result.accepted_changes)
+    anomalies.set_string_custom_property("warnings", result.warnings_report())
+    if result.warnings:
+        log.warning("data validation warnings (not stopping the run):\n%s", result.warnings_report())
     log.info("data validation: %s", result.baseline)
     if result.stopping:
         log.warning("%s", result.report())

@@ -29,6 +29,7 @@ class RunSummary:
     tflite_dropped: dict[str, str] = field(default_factory=dict)  # variant -> why it missed parity
     data_baseline: str | None = None  # what the data was checked against, in words
     accepted_changes: str = ""  # data changes accepted for this run ("" for none)
+    data_warnings: list[str] = field(default_factory=list)  # validation's warnings (e.g. unseen label classes)
 
     def lines(self) -> list[str]:
         out = [f"model      {self.model_name}"]
@@ -36,6 +37,7 @@ class RunSummary:
             out.append(f"data       {self.data_baseline}")
         if self.accepted_changes:
             out.append(f"data       changes accepted ({self.accepted_changes})")
+        out += [f"data       warning {line}" for line in self.data_warnings]
         out.append(f"version    {self.version or '(not pushed)'}")
         if self.pushed_path:
             out.append(f"pushed to  {self.pushed_path}")
@@ -103,6 +105,7 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
         blessing_reasons=reasons,
         data_baseline=data_props["baseline"].string_value if "baseline" in data_props else None,
         accepted_changes=data_props["accepted_changes"].string_value if "accepted_changes" in data_props else "",
+        data_warnings=data_props["warnings"].string_value.splitlines() if "warnings" in data_props else [],
     )
 
 

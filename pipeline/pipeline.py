@@ -136,6 +136,10 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         validation_config=config.validation.model_dump_json(),
         baseline_dir=baseline,
         baseline_cache_key=baseline_digest,
+        examples=example_gen.outputs["examples"],
+        labels_config=json.dumps({"label": config.data.label, "label_kind": config.data.label_kind,
+                                  "module_file": config.trainer.module_file}),
+        module_sha256=_module_digest(config.trainer.module_file),
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     target = tracking_target(config)

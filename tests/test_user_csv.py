@@ -38,6 +38,12 @@ def test_iris_like_csv_with_the_default_configuration(tmp_path, caplog):
     assert sum("is for other data" in r.getMessage() for r in caplog.records) == 1
     # Validation reports the eval split's unseen class as skew of the label (warn_only lets training go on).
     assert "'species' distribution differs from 'train'" in caplog.text
+    # ... and the class itself, for an integer label declared classification, as a warning in the summary.
+    assert summary.data_warnings == ["[eval] species: classification label 'species' has 1 class(es) in split 'eval' "
+                                     "that the 'train' split never has: '9', in 7 of 30 labelled examples (23.3%); the "
+                                     "model cannot predict them (counted as species_unseen_label_examples). "
+                                     "(ENUM_TYPE_UNEXPECTED_STRING_VALUES)"]
+    assert any(line.startswith("data       warning [eval] species:") for line in summary.lines())
     assert summary.metrics["species_unseen_label_examples"] == pytest.approx(7)  # rows 3, 7, ... of 30
     assert summary.metrics["species_accuracy"] > 0.9
 

@@ -133,10 +133,11 @@ class _Collector:
             anomaly_name_format=anomalies_pb2.Anomalies.SERIALIZED_PATH)
         self.problems: list[Problem] = []
 
-    def add(self, feature: str, kind: int, short: str, description: str) -> None:
+    def add(self, feature: str, kind: int, short: str, description: str, severity: int = T.ERROR) -> None:
         info = self.anomalies.anomaly_info[feature]
-        info.path.step.append(feature)
-        info.severity = T.ERROR
+        if not info.path.step:
+            info.path.step.append(feature)
+        info.severity = max(info.severity, severity)  # ERROR over WARNING, as TFDV merges a feature's reasons
         info.reason.add(type=kind, short_description=short, description=description)
         info.short_description = short if len(info.reason) == 1 else "Multiple errors"
         info.description = " ".join(r.description for r in info.reason)
@@ -336,10 +337,11 @@ def validate_split(
     return out.anomalies, out.problems
 
 
-def add_problem(anomalies: anomalies_pb2.Anomalies, problem: Problem, short: str) -> None:
+def add_problem(anomalies: anomalies_pb2.Anomalies, problem: Problem, short: str, severity: int = T.ERROR) -> None:
     """Adds a problem found by another check (e.g. against another schema) to `anomalies`."""
     if problem.feature != "(dataset)":
-        _Collector(problem.split, anomalies).add(problem.feature, T.Type.Value(problem.kind), short, problem.description)
+        _Collector(problem.split, anomalies).add(problem.feature, T.Type.Value(problem.kind), short, problem.description,
+                                                 severity)
 
 
 def has_anomalies(anomalies: anomalies_pb2.Anomalies) -> bool:

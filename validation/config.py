@@ -1,6 +1,8 @@
 """The `validation:` configuration section."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -35,5 +37,9 @@ class ValidationConfig(BaseModel):
     # Accept, for this run, the changes found against the baseline (schema changes, drift):
     # the run trains on the new data; problems within the run still stop it.
     accept_changes: bool = False
+    # Classes of a classification label in the eval split that the train split lacks: "warn"
+    # reports them (the run goes on; the trainer counts them as <head>_unseen_label_examples),
+    # "stop" makes them an anomaly that stops the run.
+    unseen_label_classes: Literal["warn", "stop"] = "warn"
     # Example values quoted per problem in reports.
     example_values: int = Field(5, ge=1)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
-from validation.anomalies import DRIFT_KINDS, Problem, add_problem, check_drift, format_problems, validate_split
+from validation.anomalies import DRIFT_KINDS, T, Problem, add_problem, check_drift, format_problems, validate_split
 from validation.baseline import Baseline
 from validation.config import ValidationConfig
+from validation.labels import UNSEEN_LABEL_SHORT, LabelClasses, unseen_label_classes
 
 TRAIN = "train"  # the split the schema is inferred from and the others are compared with
 SCHEMA_SOURCES = ("curated", "baseline", "inferred")
@@ -31,6 +32,7 @@ class RunValidation:
     anomalies: dict[str, anomalies_pb2.Anomalies]
     stopping: list[Problem] = field(default_factory=list)
     accepted: list[Problem] = field(default_factory=list)  # against the baseline, let through
+    warnings: list[Problem] = field(default_factory=list)  # reported, not stopping (unseen label classes)
     baseline: str = ""  # which baseline was used, in words
     baseline_location: str = ""  # its folder ("" for none)
     accepted_changes: str = ""  # what was accepted, in words ("" when nothing was)
@@ -44,6 +46,10 @@ class RunValidation:
             lines.append("If the change is intended: `loopline data accept` makes this run's data the new baseline, "
                          "or run once with --set validation.accept_changes=true.")
         return "\n".join(lines)
+
+    def warnings_report(self) -> str:
+        """One line per warning ("" when there is none)."""
+        return "\n".join(f"[{p.split}] {p.feature}: {p.description} ({p.kind})" for p in self.warnings)
 
 
 def _against_baseline(problem: Problem, schema_source: str) -> bool:
@@ -60,9 +66,11 @@ def validate_run(
     schema_source: str,
     baseline: Baseline | None,
     config: ValidationConfig,
+    labels: list[LabelClasses] = (),
 ) -> RunValidation:
     """`schema_source` says where `schema` came from: "curated" (data.schema), "baseline", or
-    "inferred" from this run (the first run, or changes being accepted)."""
+    "inferred" from this run (the first run, or changes being accepted). `labels`: the
+    classification labels' classes per split, checked for classes the train split lacks."""
     if schema_source not in SCHEMA_SOURCES:
         raise ValueError(f"schema source {schema_source!r}: expected one of {SCHEMA_SOURCES}")
     result = RunValidation({}, baseline=_no_baseline(schema_source))
@@ -86,12 +94,26 @@ def validate_run(
         result.stopping = [p for p in found if not p.against_baseline]
     else:
         result.stopping = found
+    _check_label_classes(result, labels, config)
     if result.accepted:
         result.accepted_changes = "validation.accept_changes: " + "; ".join(
             f"[{p.split}] {p.feature}: {p.kind}" for p in result.accepted)
     elif baseline is not None and baseline.accepted:
         result.accepted_changes = f"loopline data accept: {baseline.accepted}"
     return result
+
+
+def _check_label_classes(result: RunValidation, labels: list[LabelClasses], config: ValidationConfig) -> None:
+    """Eval classes the train split lacks: a warning, or (validation.unseen_label_classes=stop) a
+    problem within the run, which acceptance never lets through."""
+    stop = config.unseen_label_classes == "stop"
+    for label in labels:
+        for split, anomalies in result.anomalies.items():
+            problem = None if split == TRAIN else unseen_label_classes(label, split, TRAIN, config.example_values)
+            if problem is None:
+                continue
+            add_problem(anomalies, problem, UNSEEN_LABEL_SHORT, T.ERROR if stop else T.WARNING)
+            (result.stopping if stop else result.warnings).append(problem)
 
 
 def _check_against(split, split_stats, schema, schema_source, baseline: Baseline, config, anomalies) -> list[Problem]:
