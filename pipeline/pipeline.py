@@ -116,6 +116,30 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     executors it does not tell (Kubeflow's v2 entry point)."""
     example_gen = _example_gen(config.data)
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen, example_validator, data_gate = _data_validation(config, example_gen, statistics_gen, local_metadata)
+    target = tracking_target(config)
+    trainer, evaluator = _training(config, target, example_gen, schema_gen, example_validator)
+    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
+    pusher, baseline_recorder, serving_configs = _delivery(config, trainer, evaluator, statistics_gen, schema_gen)
+    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
+                  baseline_recorder, serving_configs]
+    if target:
+        components.append(_registrar(config, target, example_gen, statistics_gen, schema_gen, trainer, evaluator,
+                                     pusher, run_id_placeholder))
+    return tfx_pipeline.Pipeline(
+        pipeline_name=config.pipeline.name,
+        pipeline_root=tfx_root(config),
+        components=components,
+        enable_cache=config.pipeline.enable_cache,
+        metadata_connection_config=(
+            metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None
+        ),
+        beam_pipeline_args=list(config.pipeline.beam_args),
+    )
+
+
+def _data_validation(config: LooplineConfig, example_gen, statistics_gen, local_metadata: bool):
+    """SchemaGen, ExampleValidator and the DataGate that stops the run before training."""
     from validation.baseline import cache_key
 
     baseline = data_baseline_dir(config)
@@ -136,13 +160,20 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         validation_config=config.validation.model_dump_json(),
         baseline_dir=baseline,
         baseline_cache_key=baseline_digest,
+        # The labels, by the Trainer's rules, for the check of eval classes the train split lacks.
         examples=example_gen.outputs["examples"],
         labels_config=json.dumps({"label": config.data.label, "label_kind": config.data.label_kind,
                                   "module_file": config.trainer.module_file}),
         module_sha256=_module_digest(config.trainer.module_file),
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
-    target = tracking_target(config)
+    return schema_gen, example_validator, data_gate
+
+
+def _training(config: LooplineConfig, target, example_gen, schema_gen, example_validator):
+    """The Trainer (`target`: where its MLflow run goes, None for none), and the Evaluator that
+    blesses its model against the champion: the version behind the champion alias's TF Serving
+    label, else the last pushed."""
     trainer = Trainer(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
@@ -154,7 +185,6 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         export_config=config.export.model_dump_json(),
         tracking=target.to_json() if target else "",
     )
-    # The champion: the version behind the champion alias's TF Serving label, else the last pushed.
     evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
@@ -164,7 +194,12 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         champion_label=config.mlflow.alias_labels.get("champion", ""),
         anomalies=example_validator.outputs["anomalies"],
     )
-    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
+    return trainer, evaluator
+
+
+def _delivery(config: LooplineConfig, trainer, evaluator, statistics_gen, schema_gen):
+    """The Pusher, the BaselineRecorder (a pushed model's data becomes the baseline the next runs
+    are checked against) and the ServingConfigs writer."""
     pusher = Pusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
@@ -172,42 +207,34 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
         ),
     )
-    # A pushed model's data becomes the baseline the next runs are checked against.
     baseline_recorder = BaselineRecorder(
         statistics=statistics_gen.outputs["statistics"],
         schema=schema_gen.outputs["schema"],
         pushed_model=pusher.outputs["pushed_model"],
-        baseline_dir=baseline,
+        baseline_dir=data_baseline_dir(config),
     )
     # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
     serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
     serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
                                      serving_root=os.path.dirname(serving_base(config)),
                                      serving_config=serving_files)
-    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
-                  baseline_recorder, serving_configs]
-    if target:
-        components.append(Registrar(
-            model=trainer.outputs["model"],
-            model_run=trainer.outputs["model_run"],
-            blessing=evaluator.outputs["blessing"],
-            pushed_model=pusher.outputs["pushed_model"],
-            examples=example_gen.outputs["examples"],
-            statistics=statistics_gen.outputs["statistics"],
-            schema=schema_gen.outputs["schema"],
-            tracking=target.to_json(),
-            registered_model=registered_model_name(config),
-            params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
-            pipeline_name=config.pipeline.name,
-            pipeline_run_id=run_id_placeholder,
-        ))
-    return tfx_pipeline.Pipeline(
+    return pusher, baseline_recorder, serving_configs
+
+
+def _registrar(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, trainer, evaluator, pusher,
+               run_id_placeholder: str | None):
+    """The MLflow Registrar (only with a tracking target)."""
+    return Registrar(
+        model=trainer.outputs["model"],
+        model_run=trainer.outputs["model_run"],
+        blessing=evaluator.outputs["blessing"],
+        pushed_model=pusher.outputs["pushed_model"],
+        examples=example_gen.outputs["examples"],
+        statistics=statistics_gen.outputs["statistics"],
+        schema=schema_gen.outputs["schema"],
+        tracking=target.to_json(),
+        registered_model=registered_model_name(config),
+        params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
         pipeline_name=config.pipeline.name,
-        pipeline_root=tfx_root(config),
-        components=components,
-        enable_cache=config.pipeline.enable_cache,
-        metadata_connection_config=(
-            metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None
-        ),
-        beam_pipeline_args=list(config.pipeline.beam_args),
+        pipeline_run_id=run_id_placeholder,
     )
