@@ -77,14 +77,12 @@ def ExampleValidator(
     data.label, data.label_kind, trainer.module_file), the classification labels' eval classes
     are checked against the train split's."""
     del baseline_cache_key, module_sha256
-    from validation.anomalies import format_problems, has_anomalies, write_anomalies
     from validation.baseline import read_baseline
     from validation.config import ValidationConfig
     from validation.run_validation import validate_run
     from validation.schema import load_schema
     from validation.statistics import read_statistics
 
-    log = logging.getLogger("loopline")
     config = ValidationConfig.model_validate_json(validation_config)
     splits = artifact_utils.decode_split_names(statistics.split_names)
     stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
@@ -96,8 +94,17 @@ def ExampleValidator(
         try:
             labels = _label_classes(examples, splits, run_schema, labels_config)
         except Exception as exc:  # a report, not a gate: the Trainer stops on the same error, named
-            log.warning("label classes not checked against the train split: %s", exc)
+            logging.getLogger("loopline").warning("label classes not checked against the train split: %s", exc)
     result = validate_run(stats, run_schema, source, baseline, config, labels)
+
+    _record(anomalies, splits, result)
+    _log(result, splits)
+
+
+def _record(anomalies, splits: list[str], result) -> None:
+    """Each split's SchemaDiff.pb and `blessed` as TFX's ExampleValidator writes them, and the
+    properties the steps after it read (stop, reports, baseline, accepted changes, warnings)."""
+    from validation.anomalies import format_problems, has_anomalies, write_anomalies
 
     anomalies.split_names = artifact_utils.encode_split_names(splits)
     blessed = {}
@@ -115,6 +122,12 @@ def ExampleValidator(
     anomalies.set_string_custom_property("baseline_location", result.baseline_location)
     anomalies.set_string_custom_property("accepted_changes", result.accepted_changes)
     anomalies.set_string_custom_property("warnings", result.warnings_report())
+
+
+def _log(result, splits: list[str]) -> None:
+    from validation.anomalies import format_problems
+
+    log = logging.getLogger("loopline")
     if result.warnings:
         log.warning("data validation warnings (not stopping the run):\n%s", result.warnings_report())
     log.info("data validation: %s", result.baseline)

@@ -211,6 +211,13 @@ def cmd_models(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopline", description="Data to a served model on the TensorFlow stack.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_commands in (_pipeline_commands, _data_commands, _training_commands, _serving_commands,
+                         _registry_commands):
+        add_commands(sub)
+    return parser
+
+
+def _pipeline_commands(sub) -> None:
     run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
     _common(run)
     run.set_defaults(func=cmd_run)
@@ -223,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--allow-local-paths", action="store_true",
                           help="accept local pipeline.root/data.path: a volume mounted at that path in every pod")
     compile_.set_defaults(func=cmd_compile)
+
+
+def _data_commands(sub) -> None:
     data = sub.add_parser("data", help="data validation views").add_subparsers(dest="data_command", required=True)
     report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies, "
                                             "next to its baseline's")
@@ -232,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     accept = data.add_parser("accept", help="make the data of the newest run, stopped by data validation, the new baseline")
     _common(accept)
     accept.set_defaults(func=cmd_data_accept)
+
+
+def _training_commands(sub) -> None:
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
@@ -244,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     board.add_argument("--port", type=int, default=6006, help="default: 6006 (0: any free port)")
     board.set_defaults(func=cmd_tensorboard)
+
+
+def _serving_commands(sub) -> None:
     serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs")
     _common(serve)
     serve.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port (0: any free port)")
@@ -264,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
     predict.set_defaults(func=cmd_predict)
+
+
+def _registry_commands(sub) -> None:
     promote = sub.add_parser("promote", help="move an MLflow alias to a model version; TF Serving's label follows")
     _common(promote)
     promote.add_argument("--model", default=None, help="registered model (default: mlflow.registered_model or serving.model_name)")
@@ -275,7 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
     _common(models)
     models.add_argument("--model", default=None, help="registered model (default: mlflow.registered_model or serving.model_name)")
     models.set_defaults(func=cmd_models)
-    return parser
 
 
 class _DropMessages(logging.Filter):

@@ -169,37 +169,57 @@ def _register(reg: Registration) -> RegistrationResult:
         if reg.trained_run_id:
             tags[TAG_TRAINED_IN_RUN] = reg.trained_run_id
         run_id = client.create_run(experiment_id, tags=tags, run_name=reg.pipeline_name).info.run_id
-    run = client.get_run(run_id)
+    _log_tags_and_params(client, run_id, reg)
+    replayed = _replay_undelivered(client, reg, trained or run_id)
+    if reg.final_metrics:
+        import time
 
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()])
+    _log_files(client, run_id, reg)
+    example = input_example_from_records(reg.saved_model_dir, reg.input_records)
+    with local_view(reg.saved_model_dir) as saved_model:  # MLflow copies the model from local files
+        model_uri = log_saved_model(reg.target.tracking_uri, run_id, saved_model, example)
+    version = None
+    if reg.blessed is False:
+        log.info("MLflow: model not blessed; logged in run %s, not registered", run_id)
+    else:
+        version = _register_version(client, reg, model_uri, run_id)
+        log.info("MLflow: registered %s version %s (run %s)", reg.registered_model, version, run_id)
+    client.set_terminated(run_id, "FINISHED")
+    return RegistrationResult(run_id, model_uri, str(version) if version is not None else None, replayed)
+
+
+def _log_tags_and_params(client, run_id: str, reg: Registration) -> None:
     tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags(reg.git_commit)}
     if reg.accepted_changes:
         tags[TAG_ACCEPTED_CHANGES] = reg.accepted_changes[:5000]  # MLflow caps tag values
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
-
     # Parameters are write-once in MLflow: skip the ones a retried execution already logged.
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
 
-    new_params = [Param(k, str(v)[:6000]) for k, v in reg.params.items() if k not in run.data.params]
+    logged = client.get_run(run_id).data.params
+    new_params = [Param(k, str(v)[:6000]) for k, v in reg.params.items() if k not in logged]
     for start in range(0, len(new_params), 100):
         client.log_batch(run_id, params=new_params[start:start + 100])
 
-    # Metrics the Trainer could not deliver, into the run it trained in (or this one).
-    replayed = 0
+
+def _replay_undelivered(client, reg: Registration, into: str) -> int:
+    """Metrics the Trainer could not deliver, into the run it trained in (or this one), once."""
     spill = os.path.join(reg.model_run_dir, UNDELIVERED_FILE) if reg.model_run_dir else None
-    if spill and tf.io.gfile.exists(spill):
-        into = trained or run_id
-        if client.get_run(into).data.tags.get(TAG_REPLAYED) != "true":
-            replayed = replay(client, into, spill)
-            client.set_tag(into, TAG_REPLAYED, "true")
-            log.info("MLflow: replayed %d metric values the Trainer could not deliver", replayed)
+    if not spill or not tf.io.gfile.exists(spill) or client.get_run(into).data.tags.get(TAG_REPLAYED) == "true":
+        return 0
+    replayed = replay(client, into, spill)
+    client.set_tag(into, TAG_REPLAYED, "true")
+    log.info("MLflow: replayed %d metric values the Trainer could not deliver", replayed)
+    return replayed
 
-    if reg.final_metrics:
-        import time
 
-        now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()])
-
+def _log_files(client, run_id: str, reg: Registration) -> None:
+    """The Trainer's run folder (once), the export files and the data artifacts."""
     if reg.model_run_dir and not client.list_artifacts(run_id, "trainer"):
         _log_folder(client, run_id, reg.model_run_dir, "trainer")
     for path, artifact_path in _export_files(reg.model_dir):
@@ -208,34 +228,25 @@ def _register(reg: Registration) -> RegistrationResult:
     for artifact_path, folder in reg.data_dirs.items():
         _log_folder(client, run_id, folder, artifact_path)
 
-    example = input_example_from_records(reg.saved_model_dir, reg.input_records)
-    with local_view(reg.saved_model_dir) as saved_model:  # MLflow copies the model from local files
-        model_uri = log_saved_model(reg.target.tracking_uri, run_id, saved_model, example)
 
-    version = None
-    if reg.blessed is False:
-        log.info("MLflow: model not blessed; logged in run %s, not registered", run_id)
-    else:
-        version_tags = {
-            TAG_PIPELINE_RUN_ID: reg.pipeline_run_id,
-            TAG_EXECUTION_ID: reg.execution_id,
-            TAG_MODEL_URI: reg.model_dir,
-        }
-        trainer_id = trainer_execution_id(reg.model_dir)
-        if trainer_id:
-            version_tags[TAG_TRAINER_EXECUTION_ID] = trainer_id
-        if reg.git_commit:
-            version_tags[TAG_GIT_COMMIT] = reg.git_commit
-        if reg.serving_version:
-            version_tags[TAG_SERVING_VERSION] = reg.serving_version
-        existing = registered_version_of(client, reg.registered_model, reg.model_dir)
-        if existing is not None:
-            # A re-executed Registrar (config change, retry) must not register the same model twice.
-            version = existing
-            for key, value in version_tags.items():
-                client.set_model_version_tag(reg.registered_model, version, key, value)
-        else:
-            version = register(client, reg.target.tracking_uri, model_uri, reg.registered_model, run_id, version_tags).version
-        log.info("MLflow: registered %s version %s (run %s)", reg.registered_model, version, run_id)
-    client.set_terminated(run_id, "FINISHED")
-    return RegistrationResult(run_id, model_uri, str(version) if version is not None else None, replayed)
+def _register_version(client, reg: Registration, model_uri: str, run_id: str):
+    """The registered version of the logged model, tagged with where it came from; a re-executed
+    Registrar (config change, retry) re-tags the version it registered before, not a second one."""
+    version_tags = {
+        TAG_PIPELINE_RUN_ID: reg.pipeline_run_id,
+        TAG_EXECUTION_ID: reg.execution_id,
+        TAG_MODEL_URI: reg.model_dir,
+    }
+    trainer_id = trainer_execution_id(reg.model_dir)
+    if trainer_id:
+        version_tags[TAG_TRAINER_EXECUTION_ID] = trainer_id
+    if reg.git_commit:
+        version_tags[TAG_GIT_COMMIT] = reg.git_commit
+    if reg.serving_version:
+        version_tags[TAG_SERVING_VERSION] = reg.serving_version
+    existing = registered_version_of(client, reg.registered_model, reg.model_dir)
+    if existing is None:
+        return register(client, reg.target.tracking_uri, model_uri, reg.registered_model, run_id, version_tags).version
+    for key, value in version_tags.items():
+        client.set_model_version_tag(reg.registered_model, existing, key, value)
+    return existing

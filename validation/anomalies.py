@@ -146,22 +146,40 @@ class _Collector:
 
 def _check_feature(out: _Collector, schema, feature, stats, num_examples, config: ValidationConfig,
                    guess_numeric_text: bool = True) -> None:
-    name, limit = feature.name, config.example_values
-    common = common_stats(stats)
-    expected = feature.type
-    actual = SCHEMA_TYPES.get(stats.type)
-    if common.num_non_missing and actual != expected and feature.type in _TYPE_NAMES:
-        if expected in (schema_pb2.INT, schema_pb2.FLOAT) and actual == schema_pb2.BYTES:
-            bad = [v for v in value_counts(stats) if not is_number_text(v)] or list(value_counts(stats))
-            kind = T.FLOAT_TYPE_STRING_NOT_FLOAT if expected == schema_pb2.FLOAT else T.INT_TYPE_NOT_INT_STRING
-            out.add(name, kind, "Text in a numeric column",
-                    f"'{name}' should hold {_TYPE_NAMES[expected]} numbers but holds text, e.g. {_quote(bad, limit)}.")
-        else:
-            out.add(name, T.UNEXPECTED_DATA_TYPE, "Unexpected data type",
-                    f"'{name}' should hold {_TYPE_NAMES[expected]} values but holds {_TYPE_NAMES.get(actual, '?')}.")
+    if _check_type(out, feature, stats, config):
         return
-    # Presence: the missing rate.
-    present = common.num_non_missing
+    common = common_stats(stats)
+    _check_counts(out, feature, common, num_examples)
+    if feature.HasField("image_domain"):
+        return  # encoded images: no string domain
+    actual = SCHEMA_TYPES.get(stats.type)
+    if actual == schema_pb2.BYTES:
+        _check_strings(out, schema, feature, stats, config, guess_numeric_text)
+    elif actual in (schema_pb2.INT, schema_pb2.FLOAT) and common.num_non_missing:
+        _check_range(out, feature, stats)
+
+
+def _check_type(out: _Collector, feature, stats, config: ValidationConfig) -> bool:
+    """Reports a type other than the schema's; True when it did (the other checks then do not apply)."""
+    name, limit, expected = feature.name, config.example_values, feature.type
+    actual = SCHEMA_TYPES.get(stats.type)
+    if not common_stats(stats).num_non_missing or actual == expected or feature.type not in _TYPE_NAMES:
+        return False
+    if expected in (schema_pb2.INT, schema_pb2.FLOAT) and actual == schema_pb2.BYTES:
+        bad = [v for v in value_counts(stats) if not is_number_text(v)] or list(value_counts(stats))
+        kind = T.FLOAT_TYPE_STRING_NOT_FLOAT if expected == schema_pb2.FLOAT else T.INT_TYPE_NOT_INT_STRING
+        out.add(name, kind, "Text in a numeric column",
+                f"'{name}' should hold {_TYPE_NAMES[expected]} numbers but holds text, e.g. {_quote(bad, limit)}.")
+    else:
+        out.add(name, T.UNEXPECTED_DATA_TYPE, "Unexpected data type",
+                f"'{name}' should hold {_TYPE_NAMES[expected]} values but holds {_TYPE_NAMES.get(actual, '?')}.")
+    return True
+
+
+def _check_counts(out: _Collector, feature, common, num_examples: int) -> None:
+    """Presence (the missing rate), and values per example beyond the schema's value_count.max or
+    shape (the trainer would refuse them)."""
+    name, present = feature.name, common.num_non_missing
     fraction = present / num_examples if num_examples else 0.0
     if feature.presence.min_fraction and fraction < feature.presence.min_fraction:
         out.add(name, T.FEATURE_TYPE_LOW_FRACTION_PRESENT, "Column dropped or mostly missing",
@@ -170,49 +188,55 @@ def _check_feature(out: _Collector, schema, feature, stats, num_examples, config
     elif feature.presence.min_count and present < feature.presence.min_count:
         out.add(name, T.FEATURE_TYPE_LOW_NUMBER_PRESENT, "Too few values",
                 f"'{name}' has {present} values (at least {feature.presence.min_count} expected).")
-    # Values per example: more than the schema's value_count.max or shape holds (the trainer would refuse them).
     allowed = int(np.prod([d.size for d in feature.shape.dim])) if feature.HasField("shape") else \
         feature.value_count.max if feature.HasField("value_count") and feature.value_count.max else None
     if allowed is not None and present and common.max_num_values > allowed:
         out.add(name, T.FEATURE_TYPE_HIGH_NUMBER_VALUES, "Too many values per example",
                 f"'{name}' has examples with {common.max_num_values} values; the schema allows {allowed}.")
-    if feature.HasField("image_domain"):
-        return  # encoded images: no string domain
-    if actual == schema_pb2.BYTES:
-        counts = value_counts(stats)
-        allowed = string_domain(schema, feature)
-        if allowed is not None:
-            in_domain = set(allowed)
-            unseen = sorted((v for v in counts if v not in in_domain), key=lambda v: -counts[v])
-            total = sum(counts.values())
-            mass = 1.0 - sum(counts[v] for v in unseen) / total if total else 1.0
-            needed = feature.distribution_constraints.min_domain_mass if feature.HasField("distribution_constraints") else 1.0
-            if unseen and mass < needed:
-                out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
-                        f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
-                        f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
-        elif guess_numeric_text and expected == schema_pb2.BYTES and \
-                config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
-            bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
-            out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
-                    f"'{name}' is a numeric column ({numbers:.0%} of values are numbers) "
-                    f"holding text, e.g. {_quote(bad, limit)}.")
-    elif actual in (schema_pb2.INT, schema_pb2.FLOAT) and present:
-        domain = feature.int_domain if feature.HasField("int_domain") else feature.float_domain if feature.HasField("float_domain") else None
-        if domain is not None:
-            low, high = stats.num_stats.min, stats.num_stats.max
-            if domain.HasField("min") and low < domain.min:
-                kind = T.INT_TYPE_SMALL_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_SMALL_FLOAT
-                out.add(name, kind, "Out-of-range values",
-                        f"'{name}' has values down to {low:g}, below the minimum {domain.min:g}.")
-            if domain.HasField("max") and high > domain.max:
-                kind = T.INT_TYPE_BIG_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_BIG_FLOAT
-                out.add(name, kind, "Out-of-range values",
-                        f"'{name}' has values up to {high:g}, above the maximum {domain.max:g}.")
-            if feature.float_domain.disallow_inf and (math.isinf(low) or math.isinf(high)):
-                out.add(name, T.FLOAT_TYPE_HAS_INF, "Infinite values",
-                        f"'{name}' has infinite values ({low:g} to {high:g}); the schema's float_domain disallows "
-                        f"them (set disallow_inf: false to let the trainer read them as missing).")
+
+
+def _check_strings(out: _Collector, schema, feature, stats, config: ValidationConfig, guess_numeric_text: bool) -> None:
+    """Values outside the string domain; or, without one, a column of numbers holding some text."""
+    name, limit = feature.name, config.example_values
+    counts = value_counts(stats)
+    allowed = string_domain(schema, feature)
+    if allowed is not None:
+        in_domain = set(allowed)
+        unseen = sorted((v for v in counts if v not in in_domain), key=lambda v: -counts[v])
+        total = sum(counts.values())
+        mass = 1.0 - sum(counts[v] for v in unseen) / total if total else 1.0
+        needed = feature.distribution_constraints.min_domain_mass if feature.HasField("distribution_constraints") else 1.0
+        if unseen and mass < needed:
+            out.add(name, T.ENUM_TYPE_UNEXPECTED_STRING_VALUES, "Unexpected string values",
+                    f"'{name}' has values outside its domain: {_quote(unseen, limit)} "
+                    f"({1 - mass:.1%} of values; domain: {_quote(allowed, limit)}).")
+    elif guess_numeric_text and feature.type == schema_pb2.BYTES and \
+            config.numeric_text_fraction <= (numbers := numeric_fraction(stats)) < 1.0:
+        bad = sorted((v for v in counts if not is_number_text(v)), key=lambda v: -counts[v])
+        out.add(name, T.FLOAT_TYPE_STRING_NOT_FLOAT, "Text in a numeric column",
+                f"'{name}' is a numeric column ({numbers:.0%} of values are numbers) "
+                f"holding text, e.g. {_quote(bad, limit)}.")
+
+
+def _check_range(out: _Collector, feature, stats) -> None:
+    """Values outside the schema's int_domain / float_domain, and infinities it disallows."""
+    name, expected = feature.name, feature.type
+    domain = feature.int_domain if feature.HasField("int_domain") else feature.float_domain if feature.HasField("float_domain") else None
+    if domain is None:
+        return
+    low, high = stats.num_stats.min, stats.num_stats.max
+    if domain.HasField("min") and low < domain.min:
+        kind = T.INT_TYPE_SMALL_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_SMALL_FLOAT
+        out.add(name, kind, "Out-of-range values",
+                f"'{name}' has values down to {low:g}, below the minimum {domain.min:g}.")
+    if domain.HasField("max") and high > domain.max:
+        kind = T.INT_TYPE_BIG_INT if expected == schema_pb2.INT else T.FLOAT_TYPE_BIG_FLOAT
+        out.add(name, kind, "Out-of-range values",
+                f"'{name}' has values up to {high:g}, above the maximum {domain.max:g}.")
+    if feature.float_domain.disallow_inf and (math.isinf(low) or math.isinf(high)):
+        out.add(name, T.FLOAT_TYPE_HAS_INF, "Infinite values",
+                f"'{name}' has infinite values ({low:g} to {high:g}); the schema's float_domain disallows "
+                f"them (set disallow_inf: false to let the trainer read them as missing).")
 
 
 def _check_skew(out: _Collector, feature, stats, baseline, baseline_name: str, config: ValidationConfig) -> None:

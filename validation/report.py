@@ -93,6 +93,32 @@ def _drift_cell(name: str, baseline: BaselineView | None) -> str:
     return "<br>".join(cells) or "not compared"
 
 
+def _feature_row(name: str, runs: dict, schema_type: str, problems: list[Problem], baseline: BaselineView | None,
+                 out_dir: str) -> str:
+    """One feature's table row: its statistics per split, its problems, its drift, its plot."""
+    per_split = {split: f for split, s in runs.items() for f in s.features if f.name == name}
+    image = f"{_safe(name)}.png"
+    _plot(name, per_split, os.path.join(out_dir, image))
+    details = "<br>".join(
+        f"<b>{html.escape(split)}</b>: {html.escape(_summary(f, runs[split].num_examples))}"
+        for split, f in per_split.items()
+    )
+    found = [p for p in problems if p.feature == name]
+    flags = "<br>".join(f"<b>[{html.escape(p.split)}]</b> {html.escape(p.description)}" for p in found) or "ok"
+    css = ' class="bad"' if found else ""
+    drift = f"<td>{_drift_cell(name, baseline)}</td>" if baseline is not None else ""
+    return (f"<tr{css}><td>{html.escape(name)}</td><td>{schema_type}</td>"
+            f"<td>{details}</td><td>{flags}</td>{drift}<td><img src=\"{image}\" alt=\"{html.escape(name)}\"></td></tr>")
+
+
+def _baseline_section(baseline: BaselineView | None) -> str:
+    if baseline is None:
+        return "<p>No baseline: nothing to compare with (the first run on this root).</p>"
+    listed = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in baseline.schema_changes)
+    return (f"<p>{html.escape(baseline.description)}.</p><h2>Schema changes against the baseline</h2>"
+            + (f"<ul>{listed}</ul>" if listed else "<p>none</p>"))
+
+
 def write_report(
     out_dir: str,
     stats_by_split: dict[str, statistics_pb2.DatasetFeatureStatistics],
@@ -106,33 +132,10 @@ def write_report(
     base_stats = baseline.stats_by_split if baseline is not None else {}
     features = sorted({f.name for s in [*stats_by_split.values(), *base_stats.values()] for f in s.features})
     types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature} if schema is not None else {}
-    def drift_td(name: str) -> str:
-        return f"<td>{_drift_cell(name, baseline)}</td>" if baseline is not None else ""
-
-    rows = []
-    for name in features:
-        runs = {split: s for split, s in stats_by_split.items()}
-        runs.update({f"baseline {split}": s for split, s in base_stats.items()})
-        per_split = {split: f for split, s in runs.items() for f in s.features if f.name == name}
-        image = f"{_safe(name)}.png"
-        _plot(name, per_split, os.path.join(out_dir, image))
-        details = "<br>".join(
-            f"<b>{html.escape(split)}</b>: {html.escape(_summary(f, runs[split].num_examples))}"
-            for split, f in per_split.items()
-        )
-        found = [p for p in problems if p.feature == name]
-        flags = "<br>".join(f"<b>[{html.escape(p.split)}]</b> {html.escape(p.description)}" for p in found) or "ok"
-        css = ' class="bad"' if found else ""
-        rows.append(f"<tr{css}><td>{html.escape(name)}</td><td>{types.get(name, '(not in schema)')}</td>"
-                    f"<td>{details}</td><td>{flags}</td>{drift_td(name)}<td><img src=\"{image}\" alt=\"{html.escape(name)}\"></td></tr>")
+    runs = {**stats_by_split, **{f"baseline {split}": s for split, s in base_stats.items()}}
+    rows = [_feature_row(name, runs, types.get(name, "(not in schema)"), problems, baseline, out_dir) for name in features]
     header_drift = "<th>drift against the baseline</th>" if baseline is not None else ""
-    changes = ""
-    if baseline is not None:
-        listed = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in baseline.schema_changes)
-        changes = (f"<p>{html.escape(baseline.description)}.</p><h2>Schema changes against the baseline</h2>"
-                   + (f"<ul>{listed}</ul>" if listed else "<p>none</p>"))
-    else:
-        changes = "<p>No baseline: nothing to compare with (the first run on this root).</p>"
+    changes = _baseline_section(baseline)
     dataset_problems = "".join(f"<li>[{html.escape(p.split)}] {html.escape(p.description)}</li>"
                                for p in problems if p.feature not in features)
     counts = ", ".join(f"{split}: {s.num_examples} examples" for split, s in stats_by_split.items())
