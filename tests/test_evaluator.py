@@ -273,7 +273,7 @@ def _counting_reader(events: list, monkeypatch):
     def reader(*args):
         events.append(("open reader", 0))
         for batch in example_batches(*args):
-            events.append(("read", len(batch)))
+            events.append(("read", len(batch[0])))
             yield batch
 
     monkeypatch.setattr(blessing, "example_batches", reader)

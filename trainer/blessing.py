@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from trainer.evaluation import (OpenSignature, eager_signature, evaluate_with_champion, example_batches,
-                                is_loopline_export, read_signature)
+                                is_loopline_export, label_kinds, read_signature)
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
 
@@ -99,7 +99,7 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         ours = [h.name for h in heads]
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
-    batches = example_batches(eval_pattern, config.batch_size, config.eval_examples)
+    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern)
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because)

@@ -70,13 +70,21 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
     return list(dataset.as_numpy_iterator())
 
 
-def example_batches(file_pattern: str, batch_size: int, limit: int | None = None) -> Iterator[np.ndarray]:
-    """The split's serialized tf.Examples streamed in batches (`[rows]` object arrays of bytes):
-    memory holds a batch or two, whatever the split's size."""
+# A batch of serialized tf.Examples (a `[rows]` object array of bytes) and its label columns parsed
+# (parse_examples' answer, by head name), or None where the model's labels are to be parsed.
+Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
+
+
+def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None) -> Iterator[Batch]:
+    """The split streamed in batches, the `labels` columns (label_kinds) parsed inside tf.data
+    while the models run: memory holds a few batches, whatever the split's size."""
     dataset = record_dataset(file_pattern)
     if limit:
         dataset = dataset.take(limit)
-    return dataset.batch(batch_size).prefetch(1).as_numpy_iterator()
+    # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
+    with_labels = tf.autograph.experimental.do_not_convert(lambda serialized: (serialized, parse_examples(serialized, labels)))
+    dataset = dataset.batch(batch_size).map(with_labels, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(1).as_numpy_iterator()
 
 
 # A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.
@@ -102,33 +110,31 @@ class RunningEvaluation:
         description = read_description(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
         signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
-        self._labels = label_kinds(self.heads)
+        self.label_kinds = label_kinds(self.heads)
         self._call = stack.enter_context(open_signature(saved_model_dir, signature))
         self._totals = HeadTotals(self.heads)
 
-    def add(self, batch: np.ndarray, parsed_labels: dict) -> None:
-        """`parsed_labels`: parse_examples' answers for this batch by label kinds, shared between
-        models (a champion whose labels parse alike does not parse them again)."""
-        key = tuple(sorted(self._labels.items()))
-        if key not in parsed_labels:
-            parsed_labels[key] = parse_examples(tf.constant(batch), self._labels)
-        labels = parsed_labels[key]
+    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> None:
+        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here."""
+        if labels is None:
+            labels = parse_examples(tf.constant(batch), self.label_kinds)
         out = self._call({names.INPUTS: batch})
-        self._totals.add({h.name: h.encode_label(labels[h.name]) for h in self.heads},
+        self._totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
                          {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads})
 
     def metrics(self) -> dict[str, float]:
         return self._totals.metrics()
 
 
-def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[np.ndarray],
+def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[Batch],
                            open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
                            champion_heads: list[Head] | None = None,
                            source: str = "the examples") -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
     failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
-    the candidate's evaluation goes on. `source`: where the batches come from, for the messages."""
+    the candidate's evaluation goes on. `batches`' labels are the candidate's label_kinds (a champion
+    parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages."""
     with ExitStack() as stack:
         candidate = RunningEvaluation(candidate_dir, stack, open_signature, candidate_heads)
         champion, problem = None, None
@@ -138,12 +144,11 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
             except Exception as exc:  # noqa: BLE001 - the blessing refuses the candidate unless allowed
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
         rows = 0
-        for batch in batches:
-            parsed: dict = {}
-            candidate.add(batch, parsed)
+        for batch, labels in batches:
+            candidate.add(batch, labels)
             if champion is not None:
                 try:
-                    champion.add(batch, parsed)
+                    champion.add(batch, labels if champion.label_kinds == candidate.label_kinds else None)
                 except Exception as exc:  # noqa: BLE001 - as above
                     problem = (f"{champion_dir} could not be evaluated on examples {rows}-{rows + len(batch) - 1} "
                                f"of {source} ({_first_line(exc)})")
@@ -164,7 +169,7 @@ def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size
     """Metrics of an exported model, computed from its `predict` answers (`serving_default`'s
     for exports before it) on serialized eval examples (`read_examples`). `heads`: its
     read_signature heads, when already read."""
-    batches = (np.array(examples[start:start + batch_size], dtype=object) for start in range(0, len(examples), batch_size))
+    batches = ((np.array(examples[start:start + batch_size], dtype=object), None) for start in range(0, len(examples), batch_size))
     return evaluate_with_champion(saved_model_dir, None, batches, open_signature, heads)[0]
 
 
