@@ -244,8 +244,8 @@ def test_the_servers_session_callable_gives_the_eager_metrics(two_layouts, monke
 
 
 def _recording(events: list, fail_at: tuple[str, int] | None = None):
-    """An OpenSignature over the server's Session callable that records each call (and can make
-    one model's n-th call fail)."""
+    """An OpenSignature over the server's Session callable that records each call and its closing
+    (and can make one model's n-th call fail)."""
     from contextlib import contextmanager
 
     from serving.signature_call import signature_caller
@@ -260,6 +260,7 @@ def _recording(events: list, fail_at: tuple[str, int] | None = None):
                     raise tf.errors.InvalidArgumentError(None, None, "injected failure")
                 return call(inputs)
             yield recorded
+        events.append((name, "closed"))
 
     return open_signature
 
@@ -289,7 +290,8 @@ def test_candidate_and_champion_are_fed_each_batch_of_one_streamed_pass(two_layo
     assert decision.blessed and decision.candidate["species_examples"] == decision.champion["species_examples"] == 10
     # One reader, one pass; each batch goes to both models before the next is read (nothing is
     # read ahead into a list).
-    assert events == [("open reader", 0)] + [e for n in (4, 4, 2) for e in (("read", n), ("new", n), ("old", n))]
+    assert events == ([("open reader", 0)] + [e for n in (4, 4, 2) for e in (("read", n), ("new", n), ("old", n))]
+                      + [("old", "closed"), ("new", "closed")])
 
     events.clear()
     limited = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4, eval_examples=5), open_signature=_recording(events))
@@ -308,7 +310,9 @@ def test_champion_failing_mid_pass_refuses_the_candidate_whose_evaluation_comple
     assert refused.candidate["species_examples"] == 10  # the candidate saw the whole split
     assert refused.failed == [f"champion not compared: {old} could not be evaluated on examples 4-7 of {split} "
                               "(InvalidArgumentError: injected failure) (evaluator.on_champion_error is refuse)"]
-    assert [e for e in events if e[0] == "old"] == [("old", 4), ("old", 4)]  # not called after it failed
+    # Not called after it failed, and closed then (its memory back before the pass ends).
+    assert [e for e in events if e[0] == "old"] == [("old", 4), ("old", 4), ("old", "closed")]
+    assert events.index(("old", "closed")) < events.index(("new", 2))
     lenient = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4, on_champion_error="thresholds_only"),
                                   open_signature=_recording([], ("old", 2)))
     assert lenient.blessed and "thresholds alone" in " ".join(lenient.reasons)

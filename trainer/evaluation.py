@@ -102,17 +102,20 @@ def eager_signature(saved_model_dir: str, signature: str) -> Iterator[Call]:
 
 
 class RunningEvaluation:
-    """One exported model's metrics (HeadTotals), added batch by batch; opened in `stack`.
-    `heads`: its read_signature heads, when already read."""
+    """One exported model's metrics (HeadTotals), added batch by batch; its signature is open until
+    close(). `heads`: its read_signature heads, when already read."""
 
-    def __init__(self, saved_model_dir: str, stack: ExitStack, open_signature: OpenSignature,
-                 heads: list[Head] | None = None):
+    def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None):
         description = read_description(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
         signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
         self.label_kinds = label_kinds(self.heads)
-        self._call = stack.enter_context(open_signature(saved_model_dir, signature))
         self._totals = HeadTotals(self.heads)
+        self._open = ExitStack()
+        self._call = self._open.enter_context(open_signature(saved_model_dir, signature))
+
+    def close(self) -> None:
+        self._open.close()
 
     def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> None:
         """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here."""
@@ -136,11 +139,13 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
     the candidate's evaluation goes on. `batches`' labels are the candidate's label_kinds (a champion
     parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages."""
     with ExitStack() as stack:
-        candidate = RunningEvaluation(candidate_dir, stack, open_signature, candidate_heads)
+        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads)
+        stack.callback(candidate.close)
         champion, problem = None, None
         if champion_dir is not None:
             try:
-                champion = RunningEvaluation(champion_dir, stack, open_signature, champion_heads)
+                champion = RunningEvaluation(champion_dir, open_signature, champion_heads)
+                stack.callback(champion.close)
             except Exception as exc:  # noqa: BLE001 - the blessing refuses the candidate unless allowed
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
         rows = 0
@@ -152,6 +157,7 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                 except Exception as exc:  # noqa: BLE001 - as above
                     problem = (f"{champion_dir} could not be evaluated on examples {rows}-{rows + len(batch) - 1} "
                                f"of {source} ({_first_line(exc)})")
+                    champion.close()  # its memory back now, not at the end of the pass
                     champion = None
             rows += len(batch)
         if rows == 0:
