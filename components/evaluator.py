@@ -19,6 +19,7 @@ from tfx.utils import path_utils
 
 from components.splits import split_pattern
 from serving.model_config import labelled_or_latest_version
+from serving.signature_call import signature_caller
 
 
 @component
@@ -47,7 +48,9 @@ def Evaluator(
     champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
     accepted = anomalies.get_string_custom_property("accepted_changes") if anomalies is not None else ""
     because = f"the data changed on purpose: {accepted}" if accepted else None
-    decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because)
+    # The models are called as the server calls them: a Session callable per signature, large batches.
+    decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because,
+                                   open_signature=signature_caller)
     log.info("model %s", decision.summary())
 
     import tensorflow as tf

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from serving import signature_names as names
 from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import invalid
-from serving.signature_call import SignatureCallers
+from serving.signature_call import SignatureCallers, read_signature_defs
 from serving.tensors import dtype_name
 
 log = logging.getLogger("loopline.serving")
@@ -27,7 +25,7 @@ class Servable:
         self.name, self.version, self.path = name, version, path
         self.max_elements = max_elements
         # Every SignatureDef, as GetModelMetadata lists them; the callable ones (not `__...`).
-        self.all_signature_defs = self._read_signature_defs(path)
+        self.all_signature_defs = read_signature_defs(path)
         self.signature_defs = {k: v for k, v in self.all_signature_defs.items() if not k.startswith("__")}
         self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads)
         self._functions = self._callers.callers
@@ -46,15 +44,6 @@ class Servable:
                     batching.num_batch_threads, batching.max_enqueued_batches)
         self._in_flight = 0
         self._idle = threading.Condition()
-
-    @staticmethod
-    def _read_signature_defs(path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
-        proto = saved_model_pb2.SavedModel()
-        with tf.io.gfile.GFile(os.path.join(path, "saved_model.pb"), "rb") as f:
-            proto.ParseFromString(f.read())
-        if not proto.meta_graphs:
-            raise ValueError("saved_model.pb has no MetaGraphDef")
-        return dict(proto.meta_graphs[0].signature_def.items())
 
     # In-flight accounting: the manager unloads a version only once its requests have finished.
     # `acquire()` counts a request in (the manager does it while resolving the model spec);

@@ -13,11 +13,13 @@ the signatures are called eagerly through `tf.saved_model.load`. Either fallback
 from __future__ import annotations
 
 import logging
-from typing import Callable
+import os
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 from tensorflow.python.util import deprecation
 
 log = logging.getLogger("loopline.serving")
@@ -28,6 +30,16 @@ SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 # v1 control flow, which the single-threaded executor refuses (TF2 models use If/While instead).
 V1_CONTROL_FLOW = {"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
                    "NextIteration", "RefNextIteration", "LoopCond"}
+
+
+def read_signature_defs(path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
+    """Every SignatureDef of a SavedModel's (first) MetaGraph, read from saved_model.pb."""
+    proto = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(os.path.join(path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    if not proto.meta_graphs:
+        raise ValueError("saved_model.pb has no MetaGraphDef")
+    return dict(proto.meta_graphs[0].signature_def.items())
 
 
 def _session_callers(path: str, signature_defs: dict[str, meta_graph_pb2.SignatureDef], executor: str,
@@ -107,3 +119,17 @@ class SignatureCallers:
         if self._session is not None:
             self._session.close()
             self._session = None
+
+
+@contextmanager
+def signature_caller(path: str, signature: str, intra_op_threads: int = 0) -> Iterator[Caller]:
+    """One signature of a SavedModel, called as the server calls it (SignatureCallers, fallbacks
+    included), for the time of a `with` block; the Evaluator's way to run a model on large batches."""
+    signature_defs = read_signature_defs(path)
+    if signature not in signature_defs:
+        raise KeyError(f"{path} has no signature '{signature}' (it has {sorted(signature_defs)})")
+    callers = SignatureCallers(path, {signature: signature_defs[signature]}, intra_op_threads)
+    try:
+        yield callers.callers[signature]
+    finally:
+        callers.close()

@@ -202,3 +202,117 @@ def test_accepted_data_changes_bless_on_the_thresholds_when_the_champion_cannot_
     # A champion that can be compared still is: a regression refuses the candidate.
     worse = decide(good, {"species_accuracy": 0.95, "loss": 0.1}, config, thresholds_only_because=because)
     assert not worse.blessed
+
+
+@pytest.fixture(scope="module")
+def two_layouts(tmp_path_factory):
+    """The same weights exported in the current layout and the old one, and a 10-row eval split."""
+    from tests.serving_helpers import export_model
+
+    root = tmp_path_factory.mktemp("layouts")
+    return str(export_model(root / "new")), str(export_model(root / "old", old_layout=True)), _penguin_split(root / "eval.gz", 10)
+
+
+def test_the_servers_session_callable_gives_the_eager_metrics(two_layouts, monkeypatch):
+    """The Evaluator's fast path (the server's Session callable, large batches) computes what the
+    eager signature call does, for both layouts; without the private Session API it still does
+    (through the server's eager fallback)."""
+    import serving.signature_call as signature_call
+    from trainer.evaluation import evaluate_saved_model
+
+    new, old, split = two_layouts
+    examples = read_examples(split)
+    eager = {path: evaluate_saved_model(path, examples, batch_size=3) for path in (new, old)}
+
+    def no_eager_fallback(*args):
+        raise AssertionError("the Session callable fell back to the eager call")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(signature_call, "_eager_callers", no_eager_fallback)
+        for path in (new, old):
+            fast = evaluate_saved_model(path, examples, batch_size=4096, open_signature=signature_call.signature_caller)
+            assert fast.keys() == eager[path].keys() and fast["species_examples"] == 10
+            for key, value in eager[path].items():
+                assert fast[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (path, key)
+
+    from tensorflow.python.client import session as session_lib
+
+    monkeypatch.delattr(session_lib.BaseSession, "_make_callable_from_options")
+    fallback = evaluate_saved_model(new, examples, open_signature=signature_call.signature_caller)
+    for key, value in eager[new].items():
+        assert fallback[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def _recording(events: list, fail_at: tuple[str, int] | None = None):
+    """An OpenSignature over the server's Session callable that records each call and its closing
+    (and can make one model's n-th call fail)."""
+    from contextlib import contextmanager
+
+    from serving.signature_call import signature_caller
+
+    @contextmanager
+    def open_signature(path, signature):
+        name = os.path.basename(path)
+        with signature_caller(path, signature) as call:
+            def recorded(inputs):
+                events.append((name, len(inputs["inputs"])))
+                if fail_at == (name, sum(e[0] == name for e in events)):
+                    raise tf.errors.InvalidArgumentError(None, None, "injected failure")
+                return call(inputs)
+            yield recorded
+        events.append((name, "closed"))
+
+    return open_signature
+
+
+def _counting_reader(events: list, monkeypatch):
+    """Replaces the Evaluator's reader by one that records each batch it hands out; it can be
+    iterated once only, as a stream."""
+    import trainer.blessing as blessing
+    from trainer.evaluation import example_batches
+
+    def reader(*args):
+        events.append(("open reader", 0))
+        for batch in example_batches(*args):
+            events.append(("read", len(batch[0])))
+            yield batch
+
+    monkeypatch.setattr(blessing, "example_batches", reader)
+
+
+def test_candidate_and_champion_are_fed_each_batch_of_one_streamed_pass(two_layouts, monkeypatch):
+    from trainer.blessing import evaluate_and_decide
+
+    new, old, split = two_layouts
+    events: list = []
+    _counting_reader(events, monkeypatch)
+    decision = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4), open_signature=_recording(events))
+    assert decision.blessed and decision.candidate["species_examples"] == decision.champion["species_examples"] == 10
+    # One reader, one pass; each batch goes to both models before the next is read (nothing is
+    # read ahead into a list).
+    assert events == ([("open reader", 0)] + [e for n in (4, 4, 2) for e in (("read", n), ("new", n), ("old", n))]
+                      + [("old", "closed"), ("new", "closed")])
+
+    events.clear()
+    limited = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4, eval_examples=5), open_signature=_recording(events))
+    assert limited.candidate["species_examples"] == limited.champion["species_examples"] == 5
+    assert [e for e in events if e[0] == "read"] == [("read", 4), ("read", 1)]
+
+
+def test_champion_failing_mid_pass_refuses_the_candidate_whose_evaluation_completes(two_layouts, monkeypatch):
+    from trainer.blessing import evaluate_and_decide
+
+    new, old, split = two_layouts
+    events: list = []
+    _counting_reader(events, monkeypatch)
+    refused = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4), open_signature=_recording(events, ("old", 2)))
+    assert not refused.blessed and refused.champion is None and refused.champion_path == old
+    assert refused.candidate["species_examples"] == 10  # the candidate saw the whole split
+    assert refused.failed == [f"champion not compared: {old} could not be evaluated on examples 4-7 of {split} "
+                              "(InvalidArgumentError: injected failure) (evaluator.on_champion_error is refuse)"]
+    # Not called after it failed, and closed then (its memory back before the pass ends).
+    assert [e for e in events if e[0] == "old"] == [("old", 4), ("old", 4), ("old", "closed")]
+    assert events.index(("old", "closed")) < events.index(("new", 2))
+    lenient = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4, on_champion_error="thresholds_only"),
+                                  open_signature=_recording([], ("old", 2)))
+    assert lenient.blessed and "thresholds alone" in " ".join(lenient.reasons)

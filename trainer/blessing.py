@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.evaluation import evaluate_saved_model, is_loopline_export, read_examples, read_signature
+from trainer.evaluation import (OpenSignature, eager_signature, evaluate_with_champion, example_batches,
+                                is_loopline_export, label_kinds, read_signature)
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
 
@@ -84,25 +85,21 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
 
 
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
-                        thresholds_only_because: str | None = None) -> Blessing:
+                        thresholds_only_because: str | None = None,
+                        open_signature: OpenSignature = eager_signature) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
-    the same eval examples, read once. `thresholds_only_because`: see decide()."""
-    examples = read_examples(eval_pattern, config.eval_examples)
-    if not examples:
-        raise ValueError(f"no eval examples in {eval_pattern}")
+    the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both.
+    `open_signature`: how a model's signature is called (the Evaluator passes the server's Session
+    callable; the default calls it eagerly). `thresholds_only_because`: see decide()."""
     heads = read_signature(candidate_dir)[1]
-    candidate = evaluate_saved_model(candidate_dir, examples, heads=heads)
-    if not config.compare_to_champion:
-        champion_dir = None
-    champion, problem = None, None
-    if champion_dir is not None:
-        theirs = read_signature(champion_dir)[1] if is_loopline_export(champion_dir) else None
+    champion_dir = champion_dir if config.compare_to_champion else None
+    theirs, mismatch = None, None
+    if champion_dir is not None and is_loopline_export(champion_dir):
+        theirs = read_signature(champion_dir)[1]
         ours = [h.name for h in heads]
-        if theirs is not None and [h.name for h in theirs] != ours:
-            problem = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
-            return decide(candidate, None, config, champion_dir, problem, thresholds_only_because)
-        try:
-            champion = evaluate_saved_model(champion_dir, examples, heads=theirs)
-        except Exception as exc:  # decide() refuses the candidate unless on_champion_error allows it.
-            problem = f"{champion_dir} could not be evaluated ({type(exc).__name__}: {exc})"
-    return decide(candidate, champion, config, champion_dir, problem, thresholds_only_because)
+        if [h.name for h in theirs] != ours:
+            mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
+    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
+    candidate, champion, problem = evaluate_with_champion(
+        candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern)
+    return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because)

@@ -3,6 +3,8 @@ and computing the trainer's metrics from its signatures' answers (the blessing: 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack, contextmanager
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -68,29 +70,113 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
     return list(dataset.as_numpy_iterator())
 
 
+# A batch of serialized tf.Examples (a `[rows]` object array of bytes) and its label columns parsed
+# (parse_examples' answer, by head name), or None where the model's labels are to be parsed.
+Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
+
+
+def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None) -> Iterator[Batch]:
+    """The split streamed in batches, the `labels` columns (label_kinds) parsed inside tf.data
+    while the models run: memory holds a few batches, whatever the split's size."""
+    dataset = record_dataset(file_pattern)
+    if limit:
+        dataset = dataset.take(limit)
+    # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
+    with_labels = tf.autograph.experimental.do_not_convert(lambda serialized: (serialized, parse_examples(serialized, labels)))
+    dataset = dataset.batch(batch_size).map(with_labels, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(1).as_numpy_iterator()
+
+
+# A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.
+Call = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+# Opens one signature of a SavedModel (path, signature name) for the time of a `with` block.
+OpenSignature = Callable[[str, str], ContextManager[Call]]
+
+
+@contextmanager
+def eager_signature(saved_model_dir: str, signature: str) -> Iterator[Call]:
+    """The default OpenSignature: the signature's concrete function called eagerly. The Evaluator
+    passes the server's Session callable instead (serving.signature_call.signature_caller)."""
+    function = tf.saved_model.load(saved_model_dir).signatures[signature]
+    yield lambda inputs: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in inputs.items()}).items()}
+
+
+class RunningEvaluation:
+    """One exported model's metrics (HeadTotals), added batch by batch; its signature is open until
+    close(). `heads`: its read_signature heads, when already read."""
+
+    def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None):
+        description = read_description(saved_model_dir)
+        self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
+        signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
+        self.label_kinds = label_kinds(self.heads)
+        self._totals = HeadTotals(self.heads)
+        self._open = ExitStack()
+        self._call = self._open.enter_context(open_signature(saved_model_dir, signature))
+
+    def close(self) -> None:
+        self._open.close()
+
+    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> None:
+        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here."""
+        if labels is None:
+            labels = parse_examples(tf.constant(batch), self.label_kinds)
+        out = self._call({names.INPUTS: batch})
+        self._totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
+                         {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads})
+
+    def metrics(self) -> dict[str, float]:
+        return self._totals.metrics()
+
+
+def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[Batch],
+                           open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
+                           champion_heads: list[Head] | None = None,
+                           source: str = "the examples") -> tuple[dict[str, float], dict[str, float] | None, str | None]:
+    """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
+    champion's metrics or None, why the champion could not be evaluated or None). The candidate's
+    failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
+    the candidate's evaluation goes on. `batches`' labels are the candidate's label_kinds (a champion
+    parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages."""
+    with ExitStack() as stack:
+        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads)
+        stack.callback(candidate.close)
+        champion, problem = None, None
+        if champion_dir is not None:
+            try:
+                champion = RunningEvaluation(champion_dir, open_signature, champion_heads)
+                stack.callback(champion.close)
+            except Exception as exc:  # noqa: BLE001 - the blessing refuses the candidate unless allowed
+                problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
+        rows = 0
+        for batch, labels in batches:
+            candidate.add(batch, labels)
+            if champion is not None:
+                try:
+                    champion.add(batch, labels if champion.label_kinds == candidate.label_kinds else None)
+                except Exception as exc:  # noqa: BLE001 - as above
+                    problem = (f"{champion_dir} could not be evaluated on examples {rows}-{rows + len(batch) - 1} "
+                               f"of {source} ({_first_line(exc)})")
+                    champion.close()  # its memory back now, not at the end of the pass
+                    champion = None
+            rows += len(batch)
+        if rows == 0:
+            raise ValueError(f"no eval examples in {source}")
+        return candidate.metrics(), champion.metrics() if champion is not None else None, problem
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def evaluate_saved_model(saved_model_dir: str, examples: list[bytes], batch_size: int = 256,
-                         heads: list[Head] | None = None) -> dict[str, float]:
+                         heads: list[Head] | None = None, open_signature: OpenSignature = eager_signature) -> dict[str, float]:
     """Metrics of an exported model, computed from its `predict` answers (`serving_default`'s
     for exports before it) on serialized eval examples (`read_examples`). `heads`: its
     read_signature heads, when already read."""
-    description = read_description(saved_model_dir)
-    heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
-    signature, keys = evaluation_signature(description.get("layout", 1), heads)
-    serve = tf.saved_model.load(saved_model_dir).signatures[signature]
-    predictions: dict[str, list] = {h.name: [] for h in heads}
-    labels: dict[str, list] = {h.name: [] for h in heads}
-    for start in range(0, len(examples), batch_size):
-        chunk = tf.constant(examples[start:start + batch_size])
-        out = serve(inputs=chunk)
-        parsed = parse_examples(chunk, label_kinds(heads))
-        for head in heads:
-            predictions[head.name].append(out[keys[head.name]].numpy())
-            labels[head.name].append(parsed[head.name].numpy())
-    return head_metrics(
-        heads,
-        {k: np.concatenate(v) for k, v in predictions.items()},
-        {k: np.concatenate(v) for k, v in labels.items()},
-    )
+    batches = ((np.array(examples[start:start + batch_size], dtype=object), None) for start in range(0, len(examples), batch_size))
+    return evaluate_with_champion(saved_model_dir, None, batches, open_signature, heads)[0]
 
 
 def is_loopline_export(saved_model_dir: str) -> bool:

@@ -31,3 +31,4 @@ class EvaluatorConfig(Section):
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
+    batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
