@@ -54,7 +54,7 @@ class _EncodeAndSplit(beam.DoFn):
         records = csv_records.encode(batch, types)
         parts = csv_records.partition(records, self._buckets) if self._buckets else [records]
         for name, part in zip(self._split_names, parts):
-            if part:
+            if len(part):
                 yield beam.pvalue.TaggedOutput(name, csv_records.tfrecord_frames(part))
 
 
