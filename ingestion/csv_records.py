@@ -27,7 +27,7 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders.csv_decoder import ColumnType
 
-BLOCK_BYTES = 8 << 20  # Arrow parses this much of a file at a time: the memory per batch.
+BLOCK_BYTES = 1 << 20  # Arrow parses this much of a file at a time: the memory per batch.
 _INT64 = np.iinfo(np.int64)
 _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree on these (less the '+').
 # Python reads these, Arrow does not (or reads them another way): whitespace and underscores in
@@ -218,13 +218,15 @@ def _layout(pieces: list, rows: int) -> pa.Array:
             run.append(np.broadcast_to(np.frombuffer(piece, np.uint8), (rows, len(piece))))
             continue
         data, counts = piece
-        widths = np.unique(counts)
-        if len(widths) == 1:
-            run.append(data.reshape(rows, widths[0]))
+        if not rows:
+            break
+        if counts.min() == counts.max():
+            run.append(data.reshape(rows, counts[0]))
             continue
         flush()
-        if len(widths) == 2 and widths[0] == 0:  # a value or nothing (an empty cell)
-            write(cursor[counts > 0], data.reshape(-1, widths[1]))
+        present = counts > 0
+        if counts[present].min() == counts.max():  # a value of one width or nothing (an empty cell)
+            write(cursor[present], data.reshape(-1, counts.max()))
         else:  # an index per byte: for short values only
             starts = np.cumsum(counts) - counts
             out[np.repeat(cursor - starts, counts) + np.arange(len(data))] = data
@@ -285,22 +287,13 @@ def encode(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> pa.Array:
     return _layout([b"\x0a", _varints(_sizes(entries, batch.num_rows)), *entries], batch.num_rows)
 
 
-def _bucket_of(digests: bytes, total: int) -> np.ndarray:
-    """Each sha256 digest read as a big-endian integer, modulo `total` (Horner's rule on bytes)."""
-    if total >= 1 << 55:  # the int64 arithmetic below would overflow
+def _buckets(digests: bytes, total: int) -> np.ndarray:
+    """Each sha256 digest read as a big-endian integer, modulo `total`: the bytes weighted by
+    256**k mod total, summed (exact in int64 while 32 * 255 * total < 2**63)."""
+    if total >= 1 << 50:
         return np.array([int.from_bytes(digests[i:i + 32], "big") % total for i in range(0, len(digests), 32)], np.int64)
-    rest = np.zeros(len(digests) // 32, np.int64)
-    for column in np.frombuffer(digests, np.uint8).reshape(-1, 32).T.astype(np.int64):
-        rest = (rest * 256 + column) % total
-    return rest
-
-
-def partition(records: pa.Array, buckets: list[int]) -> list[pa.Array]:
-    """Records per output split, by the stock ExampleGen's rule: sha256 of the serialized example
-    modulo the total hash buckets, each split owning a cumulative range of buckets."""
-    digests = b"".join(hashlib.sha256(r).digest() for r in records.to_pylist())
-    split = np.searchsorted(np.asarray(buckets), _bucket_of(digests, buckets[-1]), side="right")
-    return [records.filter(pa.array(split == i)) for i in range(len(buckets))]
+    weights = np.array([pow(256, 31 - k, total) for k in range(32)], np.int64)
+    return (np.frombuffer(digests, np.uint8).reshape(-1, 32).astype(np.int64) @ weights) % total
 
 
 def _masked_crc(crcs: np.ndarray) -> np.ndarray:
@@ -308,15 +301,28 @@ def _masked_crc(crcs: np.ndarray) -> np.ndarray:
     return ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(0xA282EAD8)
 
 
-def tfrecord_frames(records: pa.Array) -> bytes:
-    """The records in TFRecord framing (length, masked CRC32C of the length, data, masked CRC32C)."""
+def _frames(records: pa.Array, crcs: np.ndarray) -> bytes:
+    """The records in TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C."""
     import google_crc32c  # the C implementation Beam's and TF's writers use too
 
     lengths = pc.binary_length(records).to_numpy(zero_copy_only=False).astype(np.uint64)
     distinct, which = np.unique(lengths, return_inverse=True)
     length_crcs = np.array([google_crc32c.value(int(n).to_bytes(8, "little")) for n in distinct], np.uint32)[which]
-    data_crcs = np.fromiter((google_crc32c.value(r) for r in records.to_pylist()), np.uint32, len(records))
     empty = pa.scalar(b"", pa.large_binary())
-    framed = pc.binary_join_element_wise(_fixed(lengths), _fixed(_masked_crc(length_crcs)), records, _fixed(_masked_crc(data_crcs)), empty)
-    data, sizes = _binary(framed)
-    return data.tobytes()
+    framed = pc.binary_join_element_wise(_fixed(lengths), _fixed(_masked_crc(length_crcs)), records, _fixed(_masked_crc(crcs)), empty)
+    return _binary(framed)[0].tobytes()
+
+
+def split_frames(records: pa.Array, buckets: list[int] | None) -> list[bytes]:
+    """TFRecord-framed records per output split, by the stock ExampleGen's rule: sha256 of the
+    serialized example modulo the total hash buckets, each split owning a cumulative range of
+    buckets (cumulative ends in `buckets`; None: one split, all records)."""
+    import google_crc32c
+
+    rows = records.to_pylist()
+    crcs = np.fromiter((google_crc32c.value(r) for r in rows), np.uint32, len(rows))
+    if not buckets:
+        return [_frames(records, crcs)]
+    digests = b"".join([hashlib.sha256(r).digest() for r in rows])
+    split = np.searchsorted(np.asarray(buckets), _buckets(digests, buckets[-1]), side="right")
+    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))]
