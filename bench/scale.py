@@ -18,7 +18,9 @@ RSS minus the RSS just before it starts (`statistics_alone`). The Evaluator is m
 pipeline only.
 
 The ExampleGen pair: each executor runs in its own fresh process under the same (default) Beam
-options, timed around the executor's `Do` (imports excluded), memory as above.
+options, timed around the executor's `Do` (imports excluded), memory as above. Its CPU seconds
+(all threads) are recorded too: on a shared machine wall time swings with the other load, CPU
+time much less; `arrow_vs_stock` is the wall-time ratio, `arrow_vs_stock_cpu` the CPU one.
 """
 from __future__ import annotations
 
@@ -136,12 +138,14 @@ def memory_growth(small: float | None, large: float | None) -> float | None:
 
 
 class _PeakRss:
-    """This process's peak RSS above its value at the start, sampled every 100 ms."""
+    """This process's peak RSS above its value at the start, sampled every 100 ms, and the CPU
+    seconds it used meanwhile (all threads; steadier than wall time on a shared machine)."""
 
     def __enter__(self):
         import psutil
 
         self._process = psutil.Process()
+        self._cpu = self._process.cpu_times()
         self.start = self.peak = self._process.memory_info().rss
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -156,6 +160,8 @@ class _PeakRss:
         self._done.set()
         self._thread.join()
         self.peak = max(self.peak, self._process.memory_info().rss)
+        cpu = self._process.cpu_times()
+        self.cpu_seconds = round(cpu.user + cpu.system - self._cpu.user - self._cpu.system, 2)
 
     @property
     def mb(self) -> float:
@@ -214,6 +220,8 @@ def example_gen_pair(csv: Path, work: Path) -> dict:
     stock = _in_child("example_gen", "stock", str(csv), str(work / "stock"))
     return {"arrow_seconds": arrow["seconds"], "stock_seconds": stock["seconds"],
             "arrow_vs_stock": round(stock["seconds"] / arrow["seconds"], 2),
+            "arrow_cpu_seconds": arrow["cpu_seconds"], "stock_cpu_seconds": stock["cpu_seconds"],
+            "arrow_vs_stock_cpu": round(stock["cpu_seconds"] / arrow["cpu_seconds"], 2),
             "arrow_memory_mb": arrow["memory_mb"], "stock_memory_mb": stock["memory_mb"]}
 
 
@@ -241,7 +249,7 @@ def _example_gen_alone(kind: str, csv: str, out: str) -> dict:
         started = time.perf_counter()
         executor().Do({}, {"examples": [examples]}, properties)
         seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 2), "memory_mb": memory.mb}
+    return {"seconds": round(seconds, 2), "cpu_seconds": memory.cpu_seconds, "memory_mb": memory.mb}
 
 
 def _statistics_alone(pattern: str) -> dict:
@@ -255,7 +263,7 @@ def _statistics_alone(pattern: str) -> dict:
         with beam.Pipeline() as pipeline:
             _ = pipeline | beam.Create(split_files(pattern)) | beam.CombineGlobally(StatisticsCombineFn("train"))
         seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 2), "memory_mb": memory.mb}
+    return {"seconds": round(seconds, 2), "cpu_seconds": memory.cpu_seconds, "memory_mb": memory.mb}
 
 
 def run() -> dict:

@@ -2,8 +2,10 @@
 writes the stock CsvExampleGen's artifact: the same split names, the same rows in each split
 (TFX's hash-bucket rule on the same serialized examples), the same feature types, GZIP TFRecords.
 
-It is still a Beam pipeline (files -> record batches -> tf.Examples -> splits -> files), so
-`pipeline.beam_args` runs it on Dataflow, Flink or Spark, and every element is a batch, not a row.
+It is still a Beam pipeline (files -> framed tf.Examples per split -> GZIP files), so
+`pipeline.beam_args` runs it on Dataflow, Flink or Spark. An element is a file or a block's framed
+records, never a row: one step reads, encodes and splits a file block by block, so a runner never
+holds record batches between stages and the memory stays that of a block (csv_records.BLOCK_BYTES).
 """
 from __future__ import annotations
 

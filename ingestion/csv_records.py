@@ -1,8 +1,9 @@
 """CSV files to serialized tf.Examples a record batch at a time, with the stock CsvExampleGen's rules.
 
 The stock component (tfx_bsl's csv_decoder) parses every line in Python. Here Arrow parses the
-file in blocks and tfx-bsl's C++ encoder writes the tf.Examples, while the results stay those of
-the stock component:
+file in blocks, and each block's tf.Examples are written with numpy a column at a time, in the
+bytes protobuf's deterministic serialization gives (the bytes the stock split hashes), while the
+results stay those of the stock component:
 - a column is INT when every non-empty cell is an int64 to Python's `int(cell)`, else FLOAT when
   every one is a number to `float(cell)`, else STRING (ints beyond int64 make it STRING);
 - an empty cell (quoted or not) is a missing value: an empty value list of the column's type; a
@@ -146,7 +147,6 @@ def _values(present: pa.Array, kind: ColumnType) -> pa.Array:
 # A row's bytes are laid out from pieces: constant bytes, or (data, sizes): each row's next
 # `sizes[i]` bytes of `data`. Sizes are counted first, so every byte is written once.
 _LIST_TAG = {ColumnType.STRING: b"\x0a", ColumnType.FLOAT: b"\x12", ColumnType.INT: b"\x1a"}
-Piece = "bytes | tuple[np.ndarray, np.ndarray]"
 
 
 def _varint(value: int) -> bytes:
