@@ -185,6 +185,7 @@ def _varint_size(values: np.ndarray) -> np.ndarray:
 
 def _binary(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary array's bytes and each row's size."""
+    values = values.cast(pa.large_binary())  # 64-bit offsets, read below
     offsets = np.frombuffer(values.buffers()[1], np.int64, len(values) + 1, values.offset * 8)
     data = np.frombuffer(values.buffers()[2], np.uint8, offsets[-1] - offsets[0], offsets[0]) if offsets[-1] > offsets[0] else np.zeros(0, np.uint8)
     return data, np.diff(offsets)
