@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders.csv_decoder import ColumnType
 
-BLOCK_BYTES = 1 << 20  # Arrow parses this much of a file at a time: the memory per batch.
+BLOCK_BYTES = 1 << 19  # Arrow parses this much of a file at a time: the memory per batch.
 _INT64 = np.iinfo(np.int64)
 _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree on these (less the '+').
 # Python reads these, Arrow does not (or reads them another way): whitespace and underscores in
