@@ -2,13 +2,16 @@
 writes the stock CsvExampleGen's artifact: the same split names, the same rows in each split
 (TFX's hash-bucket rule on the same serialized examples), the same feature types, GZIP TFRecords.
 
-It is still a Beam pipeline (files -> record batches -> tf.Examples -> splits -> files), so
-`pipeline.beam_args` runs it on Dataflow, Flink or Spark, and every element is a batch, not a row.
+It is still a Beam pipeline (files -> framed tf.Examples per split -> GZIP files), so
+`pipeline.beam_args` runs it on Dataflow, Flink or Spark. An element is a file or a block's framed
+records, never a row: one step reads, encodes and splits a file block by block, so a runner never
+holds record batches between stages and the memory stays that of a block (csv_records.BLOCK_BYTES).
 """
 from __future__ import annotations
 
 import functools
 import os
+import zlib
 from typing import Any
 
 import apache_beam as beam
@@ -27,43 +30,59 @@ from tfx.utils import proto_utils
 from ingestion import csv_records
 
 
-class _InferTypes(beam.CombineFn):
-    """Column types over every batch of a split (the stock ColumnTypeInferrer's rule)."""
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, types, batch):
-        return csv_records.merge_types(types, {n: csv_records.column_type(batch.column(n)) for n in batch.schema.names})
-
-    def merge_accumulators(self, accumulators):
-        return functools.reduce(csv_records.merge_types, accumulators, {})
-
-    def extract_output(self, types):
-        return types
+def _file_types(path: str, names: list[str]) -> dict:
+    """The column types over one file's batches (the stock ColumnTypeInferrer's rule)."""
+    types: dict = {}
+    for batch in csv_records.read_batches(path, names):
+        types = csv_records.merge_types(types, {n: csv_records.column_type(batch.column(n)) for n in names})
+    return types
 
 
 class _EncodeAndSplit(beam.DoFn):
-    """A record batch to TFRecord-framed tf.Examples, one element per output split."""
+    """A file's record batches to TFRecord-framed tf.Examples, one element per batch and output
+    split. Reading, encoding and splitting happen in one step, so no record batch is ever an
+    element: a runner keeps elements between stages, and would hold the whole file."""
 
-    def __init__(self, split_names: list[str], buckets: list[int] | None):
+    def __init__(self, names: list[str], split_names: list[str], buckets: list[int] | None):
+        self._names = names
         self._split_names = split_names
         self._buckets = buckets
 
-    def process(self, batch, types):
-        records = csv_records.encode(batch, types)
-        parts = csv_records.partition(records, self._buckets) if self._buckets else [records]
-        for name, part in zip(self._split_names, parts):
-            if part:
-                yield beam.pvalue.TaggedOutput(name, csv_records.tfrecord_frames(part))
+    def process(self, path: str, types):
+        for batch in csv_records.read_batches(path, self._names):
+            frames = csv_records.split_frames(csv_records.encode(batch, types), self._buckets)
+            for name, framed in zip(self._split_names, frames):
+                if framed:
+                    yield beam.pvalue.TaggedOutput(name, framed)
+
+
+GZIP_LEVEL = 1  # zlib's fastest: about 2.5x faster than Beam's default level 6, files ~20% larger
+
+
+class _GzipFile:
+    """One GZIP stream at GZIP_LEVEL over a file Beam opened."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._gzip = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._gzip.compress(data))
+
+    def close(self) -> None:
+        self._raw.write(self._gzip.flush())
+        self._raw.close()
 
 
 class _FramedRecordsSink(FileBasedSink):
-    """Writes elements that are already TFRecord-framed bytes (GZIP, from the `.gz` suffix)."""
+    """Writes elements that are already TFRecord-framed bytes into GZIP files (`.gz`)."""
 
     def __init__(self, file_path_prefix: str):
         super().__init__(file_path_prefix, coder=beam.coders.BytesCoder(), file_name_suffix=".gz",
-                         compression_type=CompressionTypes.AUTO)
+                         compression_type=CompressionTypes.UNCOMPRESSED)
+
+    def open(self, temp_path: str) -> _GzipFile:
+        return _GzipFile(super().open(temp_path))
 
     def write_encoded_record(self, file_handle, value: bytes) -> None:
         file_handle.write(value)
@@ -85,12 +104,12 @@ def _examples(pipeline, label: str, pattern: str, split_names: list[str], bucket
     """Reads one input split; returns its framed records tagged by output split name."""
     files, names = _split_files(pattern)
     paths = pipeline | f"Files[{label}]" >> beam.Create(files)
-    read = functools.partial(csv_records.read_batches, names=names)
     # Types need the whole split first; the files are read twice rather than held in memory.
-    types = paths | f"ReadForTypes[{label}]" >> beam.FlatMap(read) | f"InferTypes[{label}]" >> beam.CombineGlobally(_InferTypes())
+    types = (paths
+             | f"FileTypes[{label}]" >> beam.Map(_file_types, names)
+             | f"InferTypes[{label}]" >> beam.CombineGlobally(lambda found: functools.reduce(csv_records.merge_types, found, {})))
     return (paths
-            | f"Read[{label}]" >> beam.FlatMap(read)
-            | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(split_names, buckets), beam.pvalue.AsSingleton(types))
+            | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(names, split_names, buckets), beam.pvalue.AsSingleton(types))
             .with_outputs(*split_names))
 
 

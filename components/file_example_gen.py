@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import apache_beam as beam
+import pyarrow as pa
 from tfx.components.example_gen import component as example_gen_component
 from tfx.dsl.components.base import executor_spec
 from tfx.dsl.io import fileio
@@ -21,10 +22,10 @@ class _SplitRecords(beam.DoFn):
 
     def process(self, path):
         for records in self._read(path):
-            parts = csv_records.partition(records, self._buckets) if self._buckets else [records]
-            for name, part in zip(self._split_names, parts):
-                if part:
-                    yield beam.pvalue.TaggedOutput(name, csv_records.tfrecord_frames(part))
+            frames = csv_records.split_frames(pa.array(records, pa.large_binary()), self._buckets)
+            for name, framed in zip(self._split_names, frames):
+                if framed:
+                    yield beam.pvalue.TaggedOutput(name, framed)
 
 
 class _FilesExecutor(csv_example_gen.Executor):

@@ -1,8 +1,9 @@
 """CSV files to serialized tf.Examples a record batch at a time, with the stock CsvExampleGen's rules.
 
 The stock component (tfx_bsl's csv_decoder) parses every line in Python. Here Arrow parses the
-file in blocks and tfx-bsl's C++ encoder writes the tf.Examples, while the results stay those of
-the stock component:
+file in blocks, and each block's tf.Examples are written with numpy a column at a time, in the
+bytes protobuf's deterministic serialization gives (the bytes the stock split hashes), while the
+results stay those of the stock component:
 - a column is INT when every non-empty cell is an int64 to Python's `int(cell)`, else FLOAT when
   every one is a number to `float(cell)`, else STRING (ints beyond int64 make it STRING);
 - an empty cell (quoted or not) is a missing value: an empty value list of the column's type; a
@@ -16,10 +17,8 @@ tests' ram://).
 """
 from __future__ import annotations
 
-import bisect
 import csv
 import hashlib
-import io
 from typing import Iterator
 
 import numpy as np
@@ -27,11 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
-from tensorflow.core.example import example_pb2
-from tfx_bsl.coders import example_coder
 from tfx_bsl.coders.csv_decoder import ColumnType
 
-BLOCK_BYTES = 8 << 20  # Arrow parses this much of a file at a time: the memory per batch.
+BLOCK_BYTES = 1 << 19  # Arrow parses this much of a file at a time: the memory per batch.
 _INT64 = np.iinfo(np.int64)
 _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree on these (less the '+').
 # Python reads these, Arrow does not (or reads them another way): whitespace and underscores in
@@ -99,7 +96,7 @@ def _slow_type(values: pa.Array) -> ColumnType:
 
 def column_type(values: pa.Array) -> ColumnType:
     """The type the stock component infers for these cells (strings, null when empty)."""
-    present = values.drop_null()
+    present = pc.unique(values.drop_null())  # the rule is per value: each distinct one once
     if len(present) == 0:
         return ColumnType.UNKNOWN
     plain = pc.match_substring_regex(present, _PLAIN_INT)
@@ -126,10 +123,10 @@ def _values(present: pa.Array, kind: ColumnType) -> pa.Array:
     """Present cells as the tf.Example value type of their column."""
     if kind == ColumnType.STRING:
         return present.cast(pa.large_binary())
-    needs_python = pc.any(pc.match_substring_regex(present, _PYTHON_ONLY)).as_py()
+    needs_python = pc.any(pc.match_substring_regex(pc.unique(present), _PYTHON_ONLY)).as_py()
     if kind == ColumnType.INT:
-        if not needs_python:
-            return pc.cast(pc.replace_substring_regex(present, r"^\+", ""), pa.int64())
+        if not needs_python:  # then every cell is a plain int (column_type): only a '+' to drop
+            return pc.cast(pc.utf8_ltrim(present, characters="+"), pa.int64())
         return pa.array([int(v) for v in present.cast(pa.large_binary()).to_pylist()], pa.int64())
     if not needs_python:
         doubles = pc.cast(present, pa.float64())
@@ -139,50 +136,194 @@ def _values(present: pa.Array, kind: ColumnType) -> pa.Array:
     return pc.cast(doubles, pa.float32(), safe=False)
 
 
-def _feature_column(values: pa.Array, kind: ColumnType) -> pa.Array:
-    """One value list per row: [value], or [] where the cell is empty; null for an UNKNOWN column
-    (the encoder writes a value-less feature, as the stock component does)."""
+# tf.Example in protobuf's wire format, built a column at a time. Every CSV feature holds one value
+# or none, and deterministic serialization writes a message's fields in field-number order and a
+# map's entries sorted by key, so each row's bytes are fixed by these rules:
+#   Example   = 0x0A len Features                   (features = 1)
+#   Features  = (0x0A len Entry)* sorted by key     (map<string, Feature> feature = 1)
+#   Entry     = 0x0A len key, 0x12 len Feature      (key = 1, value = 2)
+#   Feature   = tag len List, tag 0x0A bytes_list, 0x12 float_list, 0x1A int64_list; none: empty
+#   List      = 0x0A len payload                    (value = 1: a bytes, packed fixed32 or varints)
+# A row's bytes are laid out from pieces: constant bytes, or (data, sizes): each row's next
+# `sizes[i]` bytes of `data`. Sizes are counted first, so every byte is written once.
+_LIST_TAG = {ColumnType.STRING: b"\x0a", ColumnType.FLOAT: b"\x12", ColumnType.INT: b"\x1a"}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _varints(values: np.ndarray, lead: bytes = b"") -> tuple[np.ndarray, np.ndarray]:
+    """`lead` then each value's protobuf varint (a negative int64: its 10-byte two's complement)."""
+    v = np.asarray(values, np.int64).view(np.uint64)
+    sizes = np.ones(len(v), np.int64)
+    for k in range(1, 10):
+        longer = v >= np.uint64(1 << (7 * k))
+        if not longer.any():
+            break
+        sizes += longer
+    place = np.arange(int(sizes.max(initial=1)))
+    groups = ((v[:, None] >> (place * 7).astype(np.uint64)) & np.uint64(0x7F)).astype(np.uint8)
+    groups[place[None, :] < sizes[:, None] - 1] |= 0x80  # more bytes follow
+    if lead:
+        groups = np.hstack([np.broadcast_to(np.frombuffer(lead, np.uint8), (len(v), len(lead))), groups])
+        place, sizes = np.arange(groups.shape[1]), sizes + len(lead)
+    if (sizes == groups.shape[1]).all():
+        return groups.reshape(-1), sizes
+    return groups[place[None, :] < sizes[:, None]], sizes
+
+
+def _varint_size(values: np.ndarray) -> np.ndarray:
+    """The bytes of each size's varint (sizes below 2**35)."""
+    return 1 + sum((values >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
+
+
+def _binary(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's bytes and each row's size."""
+    values = values.cast(pa.large_binary())  # 64-bit offsets, read below
+    offsets = np.frombuffer(values.buffers()[1], np.int64, len(values) + 1, values.offset * 8)
+    data = np.frombuffer(values.buffers()[2], np.uint8, offsets[-1] - offsets[0], offsets[0]) if offsets[-1] > offsets[0] else np.zeros(0, np.uint8)
+    return data, np.diff(offsets)
+
+
+def _sizes(pieces: list, rows: int) -> np.ndarray:
+    return sum((len(p) if isinstance(p, bytes) else p[1] for p in pieces), np.zeros(rows, np.int64))
+
+
+def _layout(pieces: list, rows: int) -> pa.Array:
+    """Each row's pieces one after the other, as a large_binary array. Runs of pieces of the same
+    width on every row are stacked and written at once (a write per piece costs more than its bytes)."""
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(_sizes(pieces, rows), out=offsets[1:])
+    out = np.empty(offsets[-1], np.uint8)
+    cursor = offsets[:-1].copy()
+    run: list[np.ndarray] = []
+
+    def write(rows_at: np.ndarray, matrix: np.ndarray) -> None:
+        out[rows_at[:, None] + np.arange(matrix.shape[1])] = matrix
+
+    def flush() -> None:
+        if run:
+            matrix = np.hstack(run)
+            write(cursor, matrix)
+            cursor[:] += matrix.shape[1]
+            run.clear()
+
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            run.append(np.broadcast_to(np.frombuffer(piece, np.uint8), (rows, len(piece))))
+            continue
+        data, counts = piece
+        if not rows:
+            break
+        if counts.min() == counts.max():
+            run.append(data.reshape(rows, counts[0]))
+            continue
+        flush()
+        present = counts > 0
+        if counts[present].min() == counts.max():  # a value of one width or nothing (an empty cell)
+            write(cursor[present], data.reshape(-1, counts.max()))
+        else:  # an index per byte: for short values only
+            starts = np.cumsum(counts) - counts
+            out[np.repeat(cursor - starts, counts) + np.arange(len(data))] = data
+        cursor += counts
+    flush()
+    return _arrow(out, offsets)
+
+
+def _arrow(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _fixed(values: np.ndarray) -> pa.Array:
+    """Each value's little-endian bytes, one row each."""
+    width = values.dtype.itemsize
+    return _arrow(values.astype(values.dtype.newbyteorder("<")).view(np.uint8), np.arange(len(values) + 1, dtype=np.int64) * width)
+
+
+def _payloads(present: pa.Array, kind: ColumnType) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The List message (field 1 and the value) of each present cell, in pieces."""
+    values = _values(present, kind)
+    if kind == ColumnType.STRING:
+        data, lengths = _binary(values)
+        return [_varints(lengths, lead=b"\x0a"), (data, lengths)]
+    if kind == ColumnType.FLOAT:
+        floats = values.to_numpy(zero_copy_only=False).astype("<f4").view(np.uint8).reshape(-1, 4)
+        lead = np.broadcast_to(np.array([0x0A, 4], np.uint8), (len(floats), 2))
+        return [(np.hstack([lead, floats]).reshape(-1), np.full(len(floats), 6, np.int64))]
+    data, sizes = _varints(values.to_numpy(zero_copy_only=False))  # packed: the varint's size first
+    return [_varints(sizes, lead=b"\x0a"), (data, sizes)]
+
+
+def _entries(name: str, cells: pa.Array, kind: ColumnType) -> list:
+    """Each row's map entry for this column, in pieces: the name and a Feature with the cell's
+    value, an empty list of the column's type for an empty cell, no list for an UNKNOWN column."""
+    key = name.encode("utf-8")
+    head = b"\x0a" + _varint(len(key)) + key + b"\x12"
     if kind == ColumnType.UNKNOWN:
-        return pa.nulls(len(values), pa.large_list(pa.large_binary()))
-    valid = np.asarray(values.is_valid(), dtype=np.int64) if values.null_count else np.ones(len(values), np.int64)
-    offsets = np.concatenate([[0], np.cumsum(valid)])
-    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), _values(values.drop_null(), kind))
+        body = head + b"\x00"
+        return [b"\x0a" + _varint(len(body)) + body]
+    valid = np.asarray(cells.is_valid(), bool) if cells.null_count else np.ones(len(cells), bool)
+    payloads = []
+    for data, sizes in _payloads(cells.drop_null(), kind):
+        counts = np.zeros(len(cells), np.int64)
+        counts[valid] = sizes  # empty cells: no bytes
+        payloads.append((data, counts))
+    lists = sum(counts for _, counts in payloads)
+    feature = 1 + _varint_size(lists) + lists
+    body = len(head) + _varint_size(feature) + feature
+    return [b"\x0a", _varints(body), head, _varints(feature), _LIST_TAG[kind], _varints(lists), *payloads]
 
 
-def encode(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> list[bytes]:
-    """The batch's rows as serialized tf.Examples, serialized deterministically (map keys sorted),
-    so that the same row always gives the same bytes, as the stock split hashes them."""
-    columns = [_feature_column(batch.column(name), types[name]) for name in batch.schema.names]
-    lists = pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
-    records = example_coder.RecordBatchToExamplesEncoder().encode(lists)
-    parse = example_pb2.Example.FromString
-    return [parse(r).SerializeToString(deterministic=True) for r in records]
+def encode(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> pa.Array:
+    """The batch's rows as tf.Examples serialized as protobuf's deterministic serialization writes
+    them (the bytes the stock split hashes), one row of a large_binary array per example."""
+    names = sorted(batch.schema.names, key=lambda n: n.encode("utf-8"))  # protobuf sorts keys bytewise
+    entries = [piece for name in names for piece in _entries(name, batch.column(name), types[name])]
+    return _layout([b"\x0a", _varints(_sizes(entries, batch.num_rows)), *entries], batch.num_rows)
 
 
-def partition(records: list[bytes], buckets: list[int]) -> list[list[bytes]]:
-    """Records per output split, by the stock ExampleGen's rule: sha256 of the serialized example
-    modulo the total hash buckets, each split owning a cumulative range of buckets."""
-    total = buckets[-1]
-    splits: list[list[bytes]] = [[] for _ in buckets]
-    for record in records:
-        bucket = int.from_bytes(hashlib.sha256(record).digest(), "big") % total
-        splits[bisect.bisect(buckets, bucket)].append(record)
-    return splits
+def _buckets(digests: bytes, total: int) -> np.ndarray:
+    """Each sha256 digest read as a big-endian integer, modulo `total`: the bytes weighted by
+    256**k mod total, summed (exact in int64 while 32 * 255 * total < 2**63)."""
+    if total >= 1 << 50:
+        return np.array([int.from_bytes(digests[i:i + 32], "big") % total for i in range(0, len(digests), 32)], np.int64)
+    weights = np.array([pow(256, 31 - k, total) for k in range(32)], np.int64)
+    return (np.frombuffer(digests, np.uint8).reshape(-1, 32).astype(np.int64) @ weights) % total
 
 
-def tfrecord_frames(records: list[bytes]) -> bytes:
-    """The records in TFRecord framing (length, masked CRC32C of the length, data, masked CRC32C)."""
+def _masked_crc(crcs: np.ndarray) -> np.ndarray:
+    crcs = crcs.astype(np.uint32)
+    return ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(0xA282EAD8)
+
+
+def _frames(records: pa.Array, crcs: np.ndarray) -> bytes:
+    """The records in TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C."""
     import google_crc32c  # the C implementation Beam's and TF's writers use too
 
-    def masked(data: bytes) -> bytes:
-        crc = google_crc32c.value(data)
-        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8 & 0xFFFFFFFF).to_bytes(4, "little")
+    lengths = pc.binary_length(records).to_numpy(zero_copy_only=False).astype(np.uint64)
+    distinct, which = np.unique(lengths, return_inverse=True)
+    length_crcs = np.array([google_crc32c.value(int(n).to_bytes(8, "little")) for n in distinct], np.uint32)[which]
+    empty = pa.scalar(b"", pa.large_binary())
+    framed = pc.binary_join_element_wise(_fixed(lengths), _fixed(_masked_crc(length_crcs)), records, _fixed(_masked_crc(crcs)), empty)
+    return _binary(framed)[0].tobytes()
 
-    out = io.BytesIO()
-    for record in records:
-        length = len(record).to_bytes(8, "little")
-        out.write(length)
-        out.write(masked(length))
-        out.write(record)
-        out.write(masked(record))
-    return out.getvalue()
+
+def split_frames(records: pa.Array, buckets: list[int] | None) -> list[bytes]:
+    """TFRecord-framed records per output split, by the stock ExampleGen's rule: sha256 of the
+    serialized example modulo the total hash buckets, each split owning a cumulative range of
+    buckets (cumulative ends in `buckets`; None: one split, all records)."""
+    import google_crc32c
+
+    rows = records.to_pylist()
+    crcs = np.fromiter((google_crc32c.value(r) for r in rows), np.uint32, len(rows))
+    if not buckets:
+        return [_frames(records, crcs)]
+    digests = b"".join([hashlib.sha256(r).digest() for r in rows])
+    split = np.searchsorted(np.asarray(buckets), _buckets(digests, buckets[-1]), side="right")
+    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))]

@@ -217,3 +217,30 @@ def test_statistics_merge_across_files_as_in_one_pass(tmp_path):
         return len(pickle.dumps((numbers, strings)))
 
     assert pickled_size(400_000) < 1.2 * pickled_size(40_000)
+
+
+def test_statistics_combine_merges_a_file_batch_by_batch(tmp_path, monkeypatch):
+    """A file's batch summaries are merged as they are read, never all held at once (they
+    would grow with the file: each holds its own sketches)."""
+    from validation import statistics
+
+    path = write_split(tmp_path / "train.gz", rows(50))
+    real_read, merges, seen_before = statistics.read_summaries, [], []
+    real_merge = statistics.FeatureSummary.merge
+
+    def counting_merge(self, name, other):
+        merges.append(name)
+        return real_merge(self, name, other)
+
+    def read_in_small_batches(files):
+        for part in real_read(files, batch_size=5):
+            seen_before.append(len(merges))
+            yield part
+
+    monkeypatch.setattr(statistics.FeatureSummary, "merge", counting_merge)
+    monkeypatch.setattr(statistics, "read_summaries", read_in_small_batches)
+    combine = statistics.StatisticsCombineFn("train")
+    total, features = combine.add_input(combine.create_accumulator(), path)
+    assert total == 50 and len(seen_before) == 10
+    # When the k-th batch is read, the batches before it (less the first) were merged already.
+    assert all(merged >= 3 * (k - 1) for k, merged in enumerate(seen_before)), seen_before

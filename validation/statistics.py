@@ -17,6 +17,7 @@ The stored layout is TFDV's: one `DatasetFeatureStatisticsList` per split in
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import apache_beam as beam
@@ -357,7 +358,8 @@ class StatisticsCombineFn(beam.CombineFn):
         return 0, {}
 
     def add_input(self, accumulator, path: str):
-        return merge_summaries([accumulator, *read_summaries([path])])
+        # Batch by batch: a list of the file's batch summaries would grow with the file.
+        return merge_summaries(itertools.chain([accumulator], read_summaries([path])))
 
     def merge_accumulators(self, accumulators):
         return merge_summaries(accumulators)
