@@ -25,6 +25,41 @@ def _check_files(key: str, path: str, data_format: str) -> None:
         raise ConfigError(f"{key}: no file matches {path} (data.format {data_format})")
 
 
+def _csv_files(key: str, path: str) -> list[str]:
+    """A CSV file, or a glob of CSV files (one table in several files, read in parallel by Beam)."""
+    import tensorflow as tf
+
+    if not any(c in path for c in "*?["):
+        if not _is_file(path):
+            raise ConfigError(f"{key}: no such file: {path}")
+        return [path]
+    files = sorted(f for f in tf.io.gfile.glob(path) if not tf.io.gfile.isdir(f))
+    if not files:
+        raise ConfigError(f"{key}: no file matches {path}")
+    return files
+
+
+def _csv_header(key: str, path: str) -> list[str]:
+    """The columns of the CSV file(s) at `path`; every file of a glob must have the same header."""
+    import tensorflow as tf
+
+    columns = None
+    for file in _csv_files(key, path):
+        with tf.io.gfile.GFile(file, "r") as f:
+            header = next(csv.reader(io.StringIO(f.readline())), None)
+        if not header or not any(h.strip() for h in header):
+            raise ConfigError(f"{key}: {file} is empty or has no header row")
+        found = [h.strip() for h in header]
+        if len(set(found)) != len(found):
+            dupes = sorted({c for c in found if found.count(c) > 1})
+            raise ConfigError(f"{key}: {file} has duplicate columns {dupes}")
+        if columns is not None and found != columns:
+            raise ConfigError(f"{key}: {file} has columns {found}, but {_csv_files(key, path)[0]} has {columns}; "
+                              "the files of one table need the same header")
+        columns = found
+    return columns
+
+
 def check_data(config: LooplineConfig) -> list[str]:
     """Returns the CSV's columns; raises ConfigError naming the problem and the file. Other
     formats: checks there are files (their columns are known once read), returns []."""
@@ -37,22 +72,11 @@ def check_data(config: LooplineConfig) -> list[str]:
             raise ConfigError(f"data.label: an image_folder's label feature is 'label' (the class folder), "
                               f"not '{config.data.label}'")
         return []
-    import tensorflow as tf
-
-    if not _is_file(path):
-        raise ConfigError(f"data.path: no such file: {path}")
-    with tf.io.gfile.GFile(path, "r") as f:
-        header = next(csv.reader(io.StringIO(f.readline())), None)
-    if not header or not any(h.strip() for h in header):
-        raise ConfigError(f"data.path: {path} is empty or has no header row")
-    columns = [h.strip() for h in header]
-    if len(set(columns)) != len(columns):
-        dupes = sorted({c for c in columns if columns.count(c) > 1})
-        raise ConfigError(f"data.path: {path} has duplicate columns {dupes}")
+    columns = _csv_header("data.path", path)
     if config.data.label not in columns:
         raise ConfigError(f"data.label: column '{config.data.label}' is not in {path}; columns are {columns}")
-    if config.data.eval_path is not None and not _is_file(config.data.eval_path):
-        raise ConfigError(f"data.eval_path: no such file: {config.data.eval_path}")
+    if config.data.eval_path is not None:
+        _csv_header("data.eval_path", config.data.eval_path)
     if config.data.schema is not None and not _is_file(config.data.schema):
         raise ConfigError(f"data.schema: no such file: {config.data.schema}")
     return columns

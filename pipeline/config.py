@@ -68,7 +68,7 @@ warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" 
 
 
 class DataSection(_Section):
-    # csv: data.path a CSV file; tfrecord: tf.Example TFRecords (a file or glob; GZIP from a .gz
+    # csv: data.path a CSV file or a glob of them; tfrecord: tf.Example TFRecords (a file or glob; GZIP from a .gz
     # suffix); parquet: Parquet file(s); image_folder: a folder of class folders of images.
     format: Literal["csv", "tfrecord", "parquet", "image_folder"] = "csv"
     path: str = "data/penguins.csv"

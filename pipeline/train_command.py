@@ -45,6 +45,10 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
                           f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
     from trainer.csv_examples import csv_to_tfrecords
 
+    if any(c in config.data.path for c in "*?["):
+        raise ConfigError(f"loopline train reads one CSV file itself, not a glob ({config.data.path}); run the "
+                          "pipeline, or give --train and --eval (ExampleGen's GZIP TFRecord splits)")
+
     # Each worker converts its own copy: two processes must not write the same files.
     data_dir = os.path.join(work_dir, "data") if task is None else os.path.join(work_dir, "data", f"{task[0]}-{task[1]}")
     return csv_to_tfrecords(config.data.path, data_dir)

@@ -62,3 +62,27 @@ def test_serving_cpus_this_machine_lacks(capsys):
     code = main(["serve", "--config", str(REPO / "loopline.yaml"), "--set", "serving.cpus=[4096]"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("loopline: error: serving.cpus=[4096]: not CPUs this process may use")
+
+
+def test_csv_glob_reads_every_file_header(capsys, tmp_path):
+    """data.path may be a glob of CSV files (one table in parts): each file's header is checked."""
+    from pipeline.checks import check_data
+    from pipeline.config import load_config
+    from pipeline.pipeline import _split_input
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "a.csv").write_text("x,species\n1,A\n")
+    (parts / "b.csv").write_text("x,species\n2,B\n")
+    config = load_config(REPO / "loopline.yaml", [f"data.path={parts}/*.csv"])
+    assert check_data(config) == ["x", "species"]
+    base, input_config = _split_input(config.data.path, None, "csv")
+    assert (base, input_config.splits[0].pattern) == (str(parts), "*.csv")
+
+    (parts / "c.csv").write_text("x,kind\n3,C\n")
+    code, err = run_cli(capsys, "--set", f"data.path={parts}/*.csv", "--set", f"pipeline.root={tmp_path}/ws")
+    assert code == 2
+    assert f"data.path: {parts}/c.csv has columns ['x', 'kind'], but {parts}/a.csv has ['x', 'species']" in err
+    code, err = run_cli(capsys, "--set", f"data.path={tmp_path}/none/*.csv", "--set", f"pipeline.root={tmp_path}/ws")
+    assert code == 2 and err == f"loopline: error: data.path: no file matches {tmp_path}/none/*.csv"
+    assert not (tmp_path / "ws").exists()
