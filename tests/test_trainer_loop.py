@@ -206,9 +206,25 @@ def test_streamed_stream_shuffles_windows_across_the_split_and_resumes_exactly(r
     assert sorted(first) == sorted(second) == sorted(file_order)  # every row once per epoch
     assert not np.array_equal(first, second)  # reshuffled
     position = {value: i for i, value in enumerate(file_order)}
-    assert any(position[v] >= 100 for v in first[:100])  # not one window after another in file order
+    for epoch in (first, second):  # not the windows one after another in file order
+        windows = [position[v] // 100 for v in epoch]
+        assert windows != sorted(windows)
     np.testing.assert_array_equal(np.stack([first, second]), epochs())  # the same on every run
     np.testing.assert_array_equal(epochs(skip=8)[0], second)  # resume skips into the same order
+
+
+def test_one_pass_dataset_keeps_the_file_order_and_the_last_partial_batch(regression):
+    """The eval split is parsed in chunks of whole batches and cut back: the same batches in order."""
+    from trainer.features import compute_stats, infer_feature_kinds
+    from trainer.inputs import make_dataset, parsed_batches
+    from trainer.model import make_head
+
+    kinds = infer_feature_kinds(regression[0])
+    heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(regression[0], kinds), kinds))]
+    file_order = np.concatenate([b["target"][:, 0] for b in parsed_batches(regression[0], kinds)])
+    batches = [t["target"].numpy() for _, t in make_dataset(regression[0], kinds, heads, 100)]
+    assert [len(b) for b in batches] == [100] * 5 + [12]
+    np.testing.assert_array_equal(np.concatenate(batches), file_order)
 
 
 def test_a_bad_record_in_a_streamed_window_is_an_error_naming_the_feature(tmp_path):
