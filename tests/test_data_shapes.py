@@ -313,3 +313,15 @@ def test_preprocess_runs_in_the_exported_graph_and_augment_on_training_batches_o
     changed = {**features, "grid": features["grid"] + 100.0}  # preprocess overwrites the grid: no effect
     np.testing.assert_allclose(raw(**features)["scores"].numpy(), raw(**changed)["scores"].numpy(), atol=1e-6)
     assert model.get_layer("preprocess") is not None
+
+
+def test_statistics_count_every_string_and_class_exactly():
+    """Strings and class labels counted over batches: each distinct value with its row count,
+    missing ("" or NaN) left out, integral float classes written without a decimal point."""
+    batches = [{"w": np.array([[b"a"], [b"b"], [b""], [b"a"]], dtype=object), "y": np.array([[1.0], [2.0], [np.nan], [1.0]])},
+               {"w": np.array([[b"b"], [b"a"]], dtype=object), "y": np.array([[2.0], [0.0]])}]
+    stats = compute_stats(batches, {"w": "string", "y": "float32"}, classes=["y"])
+    assert stats.strings["w"] == ["a", "b"] and stats.count == 6 and stats.missing == {"w": 1, "y": 1}
+    assert stats.classes == {"y": {"1": 2, "2": 2, "0": 1}}
+    with pytest.raises(ValueError, match="label 'y'.*holds 1.5, not a whole number"):
+        compute_stats([{"y": np.array([[1.0], [1.5]])}], {"y": "float32"}, classes=["y"])

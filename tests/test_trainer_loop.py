@@ -183,6 +183,74 @@ def test_in_memory_stream_is_a_full_shuffle_per_epoch(regression):
     assert compute_stats(column_batches(columns), kinds) == stats
 
 
+def test_streamed_stream_shuffles_windows_across_the_split_and_resumes_exactly(regression):
+    """A split streamed in windows (shuffle_buffer 100 of 512 rows: 6 windows, the last short):
+    every row once per epoch, windows mixed with one another, reshuffled each epoch, the same on
+    every run, and a resume skips into the same order."""
+    from trainer.config import InputConfig
+    from trainer.features import compute_stats, infer_feature_kinds
+    from trainer.inputs import parsed_batches as record_batches, training_stream
+    from trainer.model import make_head
+
+    kinds = infer_feature_kinds(regression[0])
+    stats = compute_stats(record_batches(regression[0], kinds), kinds)
+    heads = [make_head("target", kinds["target"], stats)]
+    file_order = np.concatenate([b["target"][:, 0] for b in record_batches(regression[0], kinds)])
+    config = InputConfig(in_memory_mb=0, shuffle_buffer=100)
+
+    def epochs(skip=0):
+        stream = training_stream(regression[0], kinds, heads, 64, config, seed=1, skip_batches=skip)
+        return np.concatenate([t["target"].numpy() for _, t in stream.take(16 - skip)]).reshape(-1, 512)
+
+    first, second = epochs()
+    assert sorted(first) == sorted(second) == sorted(file_order)  # every row once per epoch
+    assert not np.array_equal(first, second)  # reshuffled
+    position = {value: i for i, value in enumerate(file_order)}
+    for epoch in (first, second):  # not the windows one after another in file order
+        windows = [position[v] // 100 for v in epoch]
+        assert windows != sorted(windows)
+    np.testing.assert_array_equal(np.stack([first, second]), epochs())  # the same on every run
+    np.testing.assert_array_equal(epochs(skip=8)[0], second)  # resume skips into the same order
+
+
+def test_one_pass_dataset_keeps_the_file_order_and_the_last_partial_batch(regression):
+    """The eval split is parsed in chunks of whole batches and cut back: the same batches in order."""
+    from trainer.features import compute_stats, infer_feature_kinds
+    from trainer.inputs import make_dataset, parsed_batches
+    from trainer.model import make_head
+
+    kinds = infer_feature_kinds(regression[0])
+    heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(regression[0], kinds), kinds))]
+    file_order = np.concatenate([b["target"][:, 0] for b in parsed_batches(regression[0], kinds)])
+    batches = [t["target"].numpy() for _, t in make_dataset(regression[0], kinds, heads, 100)]
+    assert [len(b) for b in batches] == [100] * 5 + [12]
+    np.testing.assert_array_equal(np.concatenate(batches), file_order)
+
+
+def test_a_bad_record_in_a_streamed_window_is_an_error_naming_the_feature(tmp_path):
+    from tests.trainer_data import write_examples
+    from trainer.config import InputConfig
+    from trainer.features import FeatureStats
+    from trainer.inputs import training_stream
+    from trainer.model import make_head
+
+    path = write_examples(tmp_path / "train.gz", {"x": np.arange(300, dtype=np.float32),
+                                                  "target": np.ones(300, np.float32)})
+    records = [r for r in tf.data.TFRecordDataset(path, "GZIP").as_numpy_iterator()]
+    bad = tf.train.Example.FromString(records[250])
+    bad.features.feature["x"].float_list.value.append(1.0)  # two values in a scalar column
+    records[250] = bad.SerializeToString()
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for record in records:
+            writer.write(record)
+    kinds = {"x": "float32", "target": "float32"}
+    heads = [make_head("target", "float32", FeatureStats(numbers={"target": (1.0, 1.0)}, count=300))]
+    stream = training_stream(path, kinds, heads, 32, InputConfig(in_memory_mb=0, shuffle_buffer=100), seed=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature \W*x\W* \(float32\): an example holds more than 1 value"):
+        for _ in stream.take(20):
+            pass
+
+
 def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
     module = tmp_path / "module.py"
     module.write_text(

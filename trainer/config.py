@@ -21,7 +21,10 @@ class InputConfig(Section):
         512, ge=0, description="A training split whose parsed columns fit in this many MB is parsed once and held in "
         "memory; each epoch is then a full shuffle of its rows. 0: always stream the records.",
     )
-    shuffle_buffer: int = Field(10_000, ge=1, description="Examples held in the shuffle buffer (streamed records).")
+    shuffle_buffer: int = Field(
+        10_000, ge=1, description="Streamed records: the window of records permuted together and parsed in one call "
+        "(the windows' order is shuffled 4 at a time).",
+    )
     cache: bool = Field(True, description="Cache the serialized records in memory after the first pass (streamed records).")
     parallel_reads: int = Field(4, ge=1, description="Files read at once (parallel interleave).")
     deterministic: bool = Field(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import keras
@@ -310,19 +311,19 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
                 values_seen[name] += ok.size
                 present[name] += int(np.isfinite(rows).any(axis=1).sum())
             else:
-                for value in values:
+                for value, n in Counter(values.tolist()).items():  # distinct values once, not every row
                     if value:
                         text = value.decode() if isinstance(value, bytes) else str(value)
-                        counts[name][text] = counts[name].get(text, 0) + 1
+                        counts[name][text] = counts[name].get(text, 0) + n
                 present[name] += int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
             if name in class_counts:
-                for value in values:
+                for value, n in Counter(values.tolist()).items():
                     try:
-                        text = class_name(value.item() if hasattr(value, "item") else value)
+                        text = class_name(value)
                     except ValueError as exc:
                         raise ValueError(f"label '{name}': {exc}") from None
                     if text is not None:
-                        class_counts[name][text] = class_counts[name].get(text, 0) + 1
+                        class_counts[name][text] = class_counts[name].get(text, 0) + n
     bad = {name: n for name, n in infinite.items() if n}
     if bad:
         log.warning("infinite values (counted as missing, like NaN): %s", bad)

@@ -109,18 +109,29 @@ class HeadTotals:
 
     def add(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> None:
         """`targets`: encoded labels by head name (`Head.encode_label`); `outputs`: the model's, by head name."""
+        self.add_sums(self.batch_sums(targets, outputs))
+
+    def add_sums(self, sums: dict[str, tf.Tensor]) -> None:
+        """Adds one batch's `batch_sums` (computed eagerly or returned by a compiled step)."""
+        for key, value in sums.items():
+            self._add(key, value)
+
+    def batch_sums(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """One batch's sums; traceable, so an evaluation step can compute them with its predictions."""
+        sums = {}
         for head in self.heads:
             target, prediction = targets[head.name], outputs[head.name]
             loss, mask = head.per_example_loss(target, prediction)
-            self._add(f"{head.name}/loss_sum", tf.reduce_sum(loss))
-            self._add(f"{head.name}/count", tf.reduce_sum(mask))
+            sums[f"{head.name}/loss_sum"] = tf.reduce_sum(loss)
+            sums[f"{head.name}/count"] = tf.reduce_sum(mask)
             if head.kind == CLASSIFICATION:
-                self._add(f"{head.name}/unseen", tf.reduce_sum(tf.cast(target == UNSEEN_LABEL, tf.float32)))
+                sums[f"{head.name}/unseen"] = tf.reduce_sum(tf.cast(target == UNSEEN_LABEL, tf.float32))
                 predicted = tf.argmax(prediction, axis=-1, output_type=tf.int32)
-                self._add(f"{head.name}/correct", tf.reduce_sum(tf.cast(predicted == target, tf.float32) * mask))
+                sums[f"{head.name}/correct"] = tf.reduce_sum(tf.cast(predicted == target, tf.float32) * mask)
             else:
                 error = (tf.reshape(prediction, [-1]) - tf.where(mask > 0, target, 0.0)) * mask
-                self._add(f"{head.name}/squared_error", tf.reduce_sum(tf.square(error)))
+                sums[f"{head.name}/squared_error"] = tf.reduce_sum(tf.square(error))
+        return sums
 
     def metrics(self) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -19,9 +19,12 @@ def record_dataset(file_pattern: str, config: InputConfig | None = None) -> tf.d
     files = tf.io.gfile.glob(file_pattern)
     if not files:
         raise FileNotFoundError(f"no TFRecord files match {file_pattern}")
+    cycle_length = min(len(files), config.parallel_reads)
+    if cycle_length == 1:  # the same order without the interleave, which costs more per record than the read
+        return tf.data.TFRecordDataset(sorted(files), compression_type="GZIP")
     return tf.data.Dataset.from_tensor_slices(sorted(files)).interleave(
         lambda path: tf.data.TFRecordDataset(path, compression_type="GZIP"),
-        cycle_length=min(len(files), config.parallel_reads),
+        cycle_length=cycle_length,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=config.deterministic,
     )
@@ -55,7 +58,9 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> di
     signature name, or None when
     they would take more than `max_bytes` (or the split is empty)."""
     chunks, size = [], 0
-    for parsed in record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds)):
+    chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds),
+                                                                   num_parallel_calls=tf.data.AUTOTUNE)
+    for parsed in chunks_parsed.prefetch(1):
         for column in parsed.values():
             size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
                 if column.dtype == tf.string else column.dtype.size * int(tf.size(column))
@@ -141,15 +146,35 @@ def training_stream(
                                          for start in range(0, _rows(columns), _CHUNK)], axis=0) for head in heads}
         return _augmented(_in_memory_stream((features, targets), batch_size, seed, skip_batches, config),
                           augment, seed, skip_batches, config)
-    dataset = record_dataset(file_pattern, config)
-    if config.cache:
-        dataset = dataset.cache()
-    dataset = dataset.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = _streamed_windows(file_pattern, kinds, heads, config, seed).rebatch(batch_size, drop_remainder=True)
     if skip_batches:
         dataset = dataset.skip(skip_batches)
-    dataset = dataset.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic)
     return _augmented(_finish(dataset, config), augment, seed, skip_batches, config)
+
+
+_WINDOWS_SHUFFLED = 4  # windows whose order is shuffled together (held at once: this many windows of records)
+
+
+def _streamed_windows(file_pattern: str, kinds: FeatureKinds, heads: list[Head], config: InputConfig,
+                      seed: int) -> tf.data.Dataset:
+    """The records in windows of `config.shuffle_buffer` (cached serialized when `config.cache`),
+    endlessly: the windows' order shuffled a few at a time, each window permuted (stateless, from
+    `seed` and the window's position in the stream: the same on every run) and parsed in one call.
+
+    Whole windows, not single records, pass through tf.data: per-record shuffling and one parse
+    call per batch cost more than the training step on a small model."""
+    windows = record_dataset(file_pattern, config).batch(config.shuffle_buffer)
+    if config.cache:
+        windows = windows.cache()
+    windows = windows.shuffle(_WINDOWS_SHUFFLED, seed=seed, reshuffle_each_iteration=True).repeat()
+
+    def permute(position, window):
+        order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(window)[0]),
+                                                         seed=tf.stack([tf.constant(seed, tf.int64), position]))
+        return tf.gather(window, order)
+
+    windows = windows.enumerate().map(permute)
+    return windows.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic)
 
 
 def _augmented(dataset: tf.data.Dataset, augment, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
@@ -180,10 +205,13 @@ def make_dataset(
     `kinds` must include the label columns; they are split off into targets.
     """
     config = config or InputConfig()
-    dataset = record_dataset(file_pattern, config)
+    # Parsed in chunks of whole batches (one parse call each, not one per batch), then cut back
+    # into the same batches in the same order.
+    chunk = max(_CHUNK // batch_size, 1) * batch_size
+    chunks = record_dataset(file_pattern, config).batch(chunk)
     if config.cache:
-        dataset = dataset.cache()
-    dataset = dataset.batch(batch_size).map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE)
+        chunks = chunks.cache()
+    dataset = chunks.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
     return _finish(dataset, config)
 
 

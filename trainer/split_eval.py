@@ -43,7 +43,7 @@ class SplitEvaluation:
         outputs = self.model(features, training=False)
         for metric, select in self.metrics.values():
             metric.update_state(*select(targets, outputs))
-        return outputs
+        return outputs, HeadTotals(self.heads).batch_sums(targets, outputs)  # sums in the graph, not eagerly
 
     def __call__(self, step: int = 0) -> dict[str, float]:
         if not self.heads and not self.metrics and self.batch_metrics is None:
@@ -54,8 +54,8 @@ class SplitEvaluation:
         batch_sums: dict[str, float] = {}
         examples = 0
         for features, targets in self.dataset:
-            outputs = self.step(features, targets)
-            totals.add(targets, outputs)
+            outputs, sums = self.step(features, targets)
+            totals.add_sums(sums)
             if self.batch_metrics is not None:
                 size = int(next(iter(features.values())).shape[0])
                 examples += size
