@@ -30,3 +30,14 @@ def test_sizes_from_the_environment(monkeypatch):
     monkeypatch.delenv("SCALE_ROWS")
     monkeypatch.delenv("SCALE_5M", raising=False)
     assert scale.sizes() == [100_000, 1_000_000]
+
+
+def test_the_latest_export_report_is_the_highest_execution_id(tmp_path):
+    """Execution ids sort as numbers: the tolerance study reads run 10's report, not run 9's."""
+    from bench.scale import _reports
+
+    for run in (9, 10, 2):
+        folder = tmp_path / "tfx" / "Trainer" / "model" / str(run)
+        folder.mkdir(parents=True)
+        (folder / "export_report.json").write_text("{}")
+    assert [p.parent.name for p in _reports(tmp_path)] == ["2", "9", "10"]
