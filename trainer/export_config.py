@@ -13,9 +13,11 @@ TFLiteVariant = Literal["float32", "dynamic_range", "float16", "int8"]
 # and max metric delta (accuracy; RMSE in label standard deviations) a variant may show.
 # Full-integer int8 can move single borderline probabilities a lot (0.3 seen on penguins)
 # without changing the predicted classes; its metric delta is the tighter gate.
-# dynamic_range: the largest body-mass difference the scale bench saw (0.064 at 1M rows, 0.019 at
-# 100k; bench/results/scale.json `tflite_parity`) times 1.5, rounded up; one seed so far.
-DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.1, "float16": 0.05, "int8": 0.5}
+# dynamic_range: the largest output difference the scale bench saw over four training seeds at
+# 1M rows (0.115; bench/results/scale.json `tflite_parity_by_seed`) times 1.5, rounded up. float32
+# keeps a float-rounding floor (the bench saw 2.4e-6); float16 and int8 are not in the default
+# variants, so the bench does not measure them: their figures come from the penguins tests.
+DEFAULT_OUTPUT_TOLERANCE = {"float32": 1e-4, "dynamic_range": 0.18, "float16": 0.05, "int8": 0.5}
 DEFAULT_METRIC_TOLERANCE = {"float32": 1e-6, "dynamic_range": 0.02, "float16": 0.01, "int8": 0.03}
 
 
