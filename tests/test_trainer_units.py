@@ -64,3 +64,17 @@ def test_prediction_key_names_the_first_head_plainly_and_the_others_by_name():
     assert prediction_key([species, mass], mass) == "mass"
     assert prediction_key([mass, species], mass) == "outputs"
     assert prediction_key([mass, species], species) == "species_scores"
+
+
+def test_a_module_that_fails_to_load_fails_again_on_the_next_load(tmp_path):
+    """The local runner runs every component in one process: a module whose code raised must not
+    be served, empty, from the module cache to the next component that loads it."""
+    import pytest
+
+    from trainer.model import load_module
+
+    module = tmp_path / "broken.py"
+    module.write_text("LABELS = {'y': 'classification'}\nraise ValueError('module code failed')\n")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="module code failed"):
+            load_module(str(module))

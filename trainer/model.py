@@ -155,7 +155,11 @@ def load_module(path: str | None) -> ModuleType | None:
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=path))
     module.__file__ = path
     sys.modules[name] = module
-    exec(compile(source, path, "exec"), module.__dict__)
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]  # a half-run module must not be found by the next load in this process
+        raise
     return module
 
 
