@@ -60,6 +60,22 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str) -> l
     return out
 
 
+def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config) -> list:
+    """_label_classes, or [] with a warning when they cannot be counted; with
+    validation.unseen_label_classes=stop that check is a gate, and a gate that cannot check says no."""
+    if not labels_config:
+        return []
+    try:
+        return _label_classes(examples, splits, schema, labels_config)
+    except Exception as exc:
+        if config.unseen_label_classes == "stop":
+            raise RuntimeError(f"validation.unseen_label_classes=stop, but the label classes could not be "
+                               f"checked against the train split: {exc}") from exc
+        # warn: a report, not a gate (the Trainer stops on the same error, named)
+        logging.getLogger("loopline").warning("label classes not checked against the train split: %s", exc)
+        return []
+
+
 @component
 def ExampleValidator(
     statistics: InputArtifact[ExampleStatistics],
@@ -89,12 +105,7 @@ def ExampleValidator(
     baseline = read_baseline(baseline_dir) if baseline_dir else None  # raises if present but unreadable
     source = schema.get_string_custom_property("source") or ("curated" if baseline is None else "baseline")
     run_schema = load_schema(schema.uri)
-    labels = []
-    if examples is not None and labels_config:
-        try:
-            labels = _label_classes(examples, splits, run_schema, labels_config)
-        except Exception as exc:  # a report, not a gate: the Trainer stops on the same error, named
-            logging.getLogger("loopline").warning("label classes not checked against the train split: %s", exc)
+    labels = _checked_label_classes(examples, splits, run_schema, labels_config, config) if examples is not None else []
     result = validate_run(stats, run_schema, source, baseline, config, labels)
 
     _record(anomalies, splits, result)

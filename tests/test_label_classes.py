@@ -92,3 +92,22 @@ def test_no_report_when_every_eval_class_was_seen():
     assert unseen_label_classes(label, "eval", "train", 5) is None
     label.by_split["eval"]["c"] = 1
     assert "'c', in 1 of 4 labelled examples (25.0%)" in unseen_label_classes(label, "eval", "train", 5).description
+
+
+def test_a_label_check_that_cannot_run_stops_only_when_it_is_a_gate(tmp_path, caplog):
+    """A module that cannot load: with `warn` the check is skipped with a warning; with `stop` the
+    validator fails closed, naming why, instead of passing data it could not check."""
+    import pytest
+
+    from components.example_validator import _checked_label_classes
+
+    examples, stats = examples_artifact(tmp_path, {"train": rows(6, (0, 1)), "eval": rows(3, (0, 5))})
+    schema = infer_schema(stats["train"], NO_SKEW)
+    module = tmp_path / "broken.py"
+    module.write_text("def oops(:\n")
+    wanted = json.dumps({"label": "digit", "label_kind": "classification", "module_file": str(module)})
+    assert _checked_label_classes(examples, ["train", "eval"], schema, wanted, NO_SKEW) == []
+    assert "label classes not checked against the train split" in caplog.text
+    stop = NO_SKEW.model_copy(update={"unseen_label_classes": "stop"})
+    with pytest.raises(RuntimeError, match=r"unseen_label_classes=stop, but the label classes could not be checked"):
+        _checked_label_classes(examples, ["train", "eval"], schema, wanted, stop)
