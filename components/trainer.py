@@ -47,7 +47,7 @@ def Trainer(
         from validation.schema import load_schema
 
         kinds = kinds_from_schema(load_schema(schema.uri))
-    from tracking.training_run import TAG_MODEL_URI, TFLITE_DROPPED_TAG, start_training_run
+    from tracking.training_run import TAG_MODEL_URI, start_training_run
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
@@ -63,15 +63,21 @@ def Trainer(
         if run:
             run.finish({}, failed=True)
         raise
-    metrics = {**result.metrics, "steps": result.steps}
+    _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run)
+
+
+def _record(model, model_run, metrics: dict, dropped: dict, run) -> None:
+    """metrics.json, the Model artifact's properties the run summary and Registrar read, and the
+    MLflow run finished (the Registrar continues it)."""
     import tensorflow as tf
+
+    from tracking.training_run import TFLITE_DROPPED_TAG
 
     tf.io.gfile.makedirs(model_run.uri)  # Kubeflow's launcher does not create output folders
     with tf.io.gfile.GFile(os.path.join(model_run.uri, "metrics.json"), "w") as f:
         f.write(json.dumps(metrics, indent=2))
     for key, value in metrics.items():
         model.set_float_custom_property(f"eval_{key}", float(value))
-    dropped = dropped_variants(report)
     if dropped:  # read by the run summary; the MLflow run gets it as a tag
         model.set_string_custom_property(TFLITE_DROPPED, json.dumps(dropped))
     if run:
