@@ -94,8 +94,9 @@ def test_image_folder_refuses_a_file_that_is_no_image(tmp_path):
 
 @pytest.mark.slow
 def test_tfrecord_pipeline_fixed_shapes_lists_and_integer_classes(tmp_path):
-    """The whole pipeline on GZIP TFRecords: an 8x8 float grid and a list of words per example,
-    integer class labels declared classification; the schema records the grid's shape."""
+    """The whole pipeline on GZIP TFRecords: an 8x8 float grid, a list of words and a PNG per
+    example, integer class labels declared classification; the schema records the grid's shape and
+    the PNG's image domain; the export decodes the PNG inside serving_default as the input path did."""
     from pipeline.local_runner import run_local
     from validation.schema import load_schema
 
@@ -105,7 +106,8 @@ def test_tfrecord_pipeline_fixed_shapes_lists_and_integer_classes(tmp_path):
             label = i % 3
             grid = rng.normal(size=(8, 8)).astype(np.float32)
             grid[label * 2:label * 2 + 2] += 3.0
-            writer.write(example(grid=grid, words=[f"w{label}", "any", "x"][: 1 + i % 3], digit=[label]))
+            photo = png(np.full((4, 4), 60 * label + i % 7))
+            writer.write(example(grid=grid, words=[f"w{label}", "any", "x"][: 1 + i % 3], photo=[photo], digit=[label]))
     config = make_config(tmp_path / "root", "data.format=tfrecord", f"data.path={tmp_path / '*.tfrecord.gz'}",
                          "data.label=digit", "data.label_kind=classification", "trainer.epochs=8",
                          "mlflow.enabled=false", "serving.model_name=grids")
@@ -115,9 +117,22 @@ def test_tfrecord_pipeline_fixed_shapes_lists_and_integer_classes(tmp_path):
     features = {f.name: f for f in schema.feature}
     assert [d.size for d in features["grid"].shape.dim] == [64]
     assert features["words"].value_count.max == 3
-    raw = tf.saved_model.load(summary.saved_model).signatures["predict_raw"]
+    assert features["photo"].HasField("image_domain")
+    model = tf.saved_model.load(summary.saved_model)
+    raw = model.signatures["predict_raw"]
     assert {k: v.shape.as_list() for k, v in raw.structured_input_signature[1].items()} == {
-        "grid": [None, 64], "words": [None, 3]}
+        "grid": [None, 64], "words": [None, 3], "photo": [None, 4, 4, 1]}
+    # serving_default takes the tf.Examples (PNG bytes inside); predict_raw the decoded image: same answer.
+    records = [r.SerializeToString() for r in split_examples(config, "eval")[:5]]
+    by_example = model.signatures["serving_default"](inputs=tf.constant(records))["scores"].numpy()
+    decoded = {
+        "grid": tf.constant([list(r.features.feature["grid"].float_list.value) for r in map(tf.train.Example.FromString, records)]),
+        "words": tf.constant([(list(r.features.feature["words"].bytes_list.value) + [b""] * 3)[:3]
+                              for r in map(tf.train.Example.FromString, records)]),
+        "photo": tf.stack([tf.cast(tf.io.decode_png(tf.train.Example.FromString(r).features.feature["photo"].bytes_list.value[0]),
+                                   tf.float32) / 255.0 for r in records]),
+    }
+    np.testing.assert_allclose(raw(**decoded)["scores"].numpy(), by_example, atol=1e-5)
 
 
 @pytest.mark.slow
