@@ -137,6 +137,8 @@ def test_tfrecord_pipeline_fixed_shapes_lists_and_integer_classes(tmp_path):
 
 @pytest.mark.slow
 def test_parquet_pipeline_list_columns_and_a_regression_label(tmp_path):
+    """The whole pipeline on Parquet: a fixed-length list, a variable list of strings and PNG bytes
+    in a binary column, a regression label whose name has a space and a non-ASCII sign."""
     from pipeline.local_runner import run_local
 
     rng = np.random.default_rng(1)
@@ -144,6 +146,7 @@ def test_parquet_pipeline_list_columns_and_a_regression_label(tmp_path):
     table = pa.table({
         "embedding": [list(map(float, row)) for row in embedding],
         "tags": [["a", "b", "c"][: 1 + i % 3] for i in range(300)],
+        "thumb": [png(np.full((3, 3), 20 * (i % 5))) for i in range(300)],  # PNG bytes in a binary column
         "price (€)": [float(10 + 5 * row[0] - 3 * row[2] + rng.normal(0, 0.1)) for row in embedding],
     })
     pq.write_table(table, tmp_path / "houses.parquet", row_group_size=100)
@@ -153,4 +156,9 @@ def test_parquet_pipeline_list_columns_and_a_regression_label(tmp_path):
     summary = run_local(config)
     assert summary.metrics["price_rmse"] < 2.5  # the label's std is ~5.8
     raw = tf.saved_model.load(summary.saved_model).signatures["predict_raw"]
-    assert sorted(raw.structured_input_signature[1]) == ["embedding", "tags"]
+    assert sorted(raw.structured_input_signature[1]) == ["embedding", "tags", "thumb"]
+    assert raw.structured_input_signature[1]["thumb"].shape.as_list() == [None, 3, 3, 1]  # decoded in the graph
+    from validation.schema import load_schema
+
+    schema = load_schema(glob.glob(os.path.join(config.pipeline.root, "tfx", "SchemaGen", "schema", "*"))[0])
+    assert next(f for f in schema.feature if f.name == "thumb").HasField("image_domain")
