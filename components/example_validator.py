@@ -49,15 +49,15 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str) -> l
         module = module_for_data(load_module(wanted.get("module_file")), wanted["label"], kinds, wanted.get("module_file"))
     labels = [name for name in label_names(module, wanted["label"]) if name in kinds]
     heads = head_kinds(labels, kinds, declared_head_kinds(module), wanted.get("label_kind", "auto"))
-    out = []
-    for column in (name for name, kind in heads.items() if kind == CLASSIFICATION):
-        by_split = {}
-        for split in splits:
-            only = {column: kinds[column]}
-            stats = compute_stats(parsed_batches(split_pattern(examples, split), only), only, classes=[column])
-            by_split[split] = stats.classes[signature_name(column)]
-        out.append(LabelClasses(column, signature_name(column), by_split))
-    return out
+    columns = [name for name, kind in heads.items() if kind == CLASSIFICATION]
+    if not columns:
+        return []
+    only = {column: kinds[column] for column in columns}
+    # One read of each split for every classification label.
+    classes = {split: compute_stats(parsed_batches(split_pattern(examples, split), only), only, classes=columns).classes
+               for split in splits}
+    return [LabelClasses(column, signature_name(column), {split: classes[split][signature_name(column)] for split in splits})
+            for column in columns]
 
 
 def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config) -> list:
