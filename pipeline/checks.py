@@ -43,7 +43,7 @@ def _csv_header(key: str, path: str) -> list[str]:
     """The columns of the CSV file(s) at `path`; every file of a glob must have the same header."""
     import tensorflow as tf
 
-    columns = None
+    columns, first = None, None
     for file in _csv_files(key, path):
         with tf.io.gfile.GFile(file, "r") as f:
             header = next(csv.reader(io.StringIO(f.readline())), None)
@@ -54,9 +54,9 @@ def _csv_header(key: str, path: str) -> list[str]:
             dupes = sorted({c for c in found if found.count(c) > 1})
             raise ConfigError(f"{key}: {file} has duplicate columns {dupes}")
         if columns is not None and found != columns:
-            raise ConfigError(f"{key}: {file} has columns {found}, but {_csv_files(key, path)[0]} has {columns}; "
+            raise ConfigError(f"{key}: {file} has columns {found}, but {first} has {columns}; "
                               "the files of one table need the same header")
-        columns = found
+        columns, first = columns or found, first or file
     return columns
 
 
