@@ -145,7 +145,8 @@ class Actions:
             self.metrics = self.final_evaluation(at)
         if run.weights_fn is not None and run.heads:
             _record_final_weights(run.heads, run.weights_fn, at, self.metrics, run.export_model)
-        self.summaries.scalars("eval", at, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
+        if self.final_evaluation is not self.evaluation:  # else the periodic evaluation logged these at `at`
+            self.summaries.scalars("eval", at, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
         self.summaries.scalars("exported", at, {k: v for k, v in exported.items() if isinstance(v, (int, float))})
         self.summaries.close()
         return TrainResult(run.export_model, run.kinds, run.heads, run.stats, self.metrics, step, exported)
