@@ -388,3 +388,24 @@ def markdown(runs: list[dict]) -> str:
 
 def read_runs(path: Path = RESULTS) -> list[dict]:
     return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+DOCS = REPO / "docs" / "model-quality.md"
+DOCS_START, DOCS_END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
+
+
+def write_docs(page: Path = DOCS, runs: list[dict] | None = None) -> None:
+    """Replaces the page's generated section with `markdown` of the kept runs."""
+    text = page.read_text()
+    head, rest = text.split(DOCS_START, 1)
+    tail = rest.split(DOCS_END, 1)[1]
+    page.write_text(f"{head}{DOCS_START}\n{markdown(read_runs() if runs is None else runs).strip()}\n{DOCS_END}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--docs"]:
+        sys.exit("usage: python -m bench.quality --docs   (the bench itself: make bench BENCH=quality)")
+    write_docs()
+    print(f"wrote the table of {RESULTS} into {DOCS}")
