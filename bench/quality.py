@@ -379,10 +379,9 @@ def markdown(runs: list[dict]) -> str:
     out = []
     before = [r for r in full if r.get("label", "").startswith("before")]
     if full:
-        out += [f"### Latest run ({full[-1]['date']}{': ' + full[-1]['label'] if full[-1].get('label') else ''})", "",
-                markdown_table(full[-1])]
+        out += [f"### {full[-1].get('label') or 'Latest run'} ({full[-1]['date']} UTC)", "", markdown_table(full[-1])]
     if before and before[0] is not full[-1]:
-        out += [f"### Before ({before[0]['date']}: {before[0]['label']})", "", markdown_table(before[0])]
+        out += [f"### {before[0]['label']} ({before[0]['date']} UTC)", "", markdown_table(before[0])]
     return "\n".join(out)
 
 
