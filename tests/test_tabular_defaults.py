@@ -55,6 +55,23 @@ def test_a_text_column_of_many_values_is_looked_up_and_embedded(named):
     assert not vectors[:2].any() and vectors[2].any()
 
 
+def test_indices_keep_their_value_under_mixed_precision():
+    """A bfloat16 index would round 1001 to 1000: the embeddings layer reads its input in float32."""
+    import keras
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        layer = ColumnEmbeddings([2000])
+        x = tf.constant([[0.5, 1001.0], [0.5, 1000.0]])
+        out = layer(x)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    table = layer.tables[0].embeddings.numpy()
+    width = table.shape[1]
+    np.testing.assert_allclose(np.asarray(out[:, 1:], np.float32), table[[1001, 1000]].astype("bfloat16").astype(np.float32))
+    assert out.shape == (2, 1 + width)
+
+
 def test_the_lookup_converts_to_tflite_builtins_with_parity(named, tmp_path):
     """The export's parity gate runs each TFLite variant in the interpreter (builtin ops only: the
     converter is not given Select TF ops) against the SavedModel on eval examples."""

@@ -411,21 +411,22 @@ def embedding_size(vocabulary_size: int) -> int:
 class ColumnEmbeddings(keras.layers.Layer):
     """The encoder's output with its last `len(vocabulary_sizes)` columns (vocabulary indices)
     replaced by one learned vector each; index 0 (missing or unseen) is the zero vector, the value
-    nothing was learned for."""
+    nothing was learned for. Its input is not cast to a mixed-precision policy's 16-bit type, which
+    would round the indices."""
 
     def __init__(self, vocabulary_sizes: list[int], **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(**{**kwargs, "autocast": False})
         self.vocabulary_sizes = list(vocabulary_sizes)
         self.tables = [keras.layers.Embedding(size + 1, embedding_size(size), name=f"{self.name}_{i}")
                        for i, size in enumerate(self.vocabulary_sizes)]
 
     def call(self, x):
         count = len(self.tables)
-        dense, indices = x[:, :-count], tf.cast(x[:, -count:], tf.int32)
-        parts = [dense]
+        indices = tf.cast(x[:, -count:], tf.int32)
+        parts = [tf.cast(x[:, :-count], self.compute_dtype)]
         for j, table in enumerate(self.tables):
             index = indices[:, j]
-            parts.append(table(index) * tf.cast(index > 0, x.dtype)[:, tf.newaxis])
+            parts.append(table(index) * tf.cast(index > 0, self.compute_dtype)[:, tf.newaxis])
         return tf.concat(parts, axis=-1)
 
     def get_config(self):
