@@ -51,7 +51,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 def _reload(manager: ModelManager, request):
-    manager.apply_config(request.config)
+    manager.apply_config(request.config, from_network=True)
     return model_management_pb2.ReloadConfigResponse(status={"error_code": 0})  # OK; errors are the RPC's status
 
 
