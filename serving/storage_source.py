@@ -14,7 +14,7 @@ from typing import Callable
 import tensorflow as tf
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.errors import ServingError, not_found
+from serving.errors import ServingError, invalid, not_found
 from serving.model_config import read_model_server_config, version_folders
 
 log = logging.getLogger("loopline.serving")
@@ -104,12 +104,19 @@ class StoragePathSource:
         self._config_stamp = stamp
         try:
             server_config = read_model_server_config(self.models_config)
+        except ValueError as exc:
+            if strict:  # ParseProtoTextFile's status, with the parser's words
+                raise invalid(f"Invalid protobuf file: '{self.models_config}': {exc}") from None
+            log.error("%s not applied: %s", self.models_config, exc)
+            self.on_poll()
+            return
+        try:
             self.on_config(server_config)
             log.info("%s: serving %s", self.models_config, [m.name for m in server_config.model_config_list.config])
-        except (ValueError, ServingError) as exc:
+        except ServingError as exc:
             if strict:
                 raise
-            log.error("%s not applied: %s", self.models_config, getattr(exc, "message", exc))
+            log.error("%s not applied: %s", self.models_config, exc.message)
             self.on_poll()
 
     def start(self, strict: bool = False) -> None:
