@@ -90,7 +90,7 @@ FLAGS = [  # main.cc's order
     Flag("version", "bool", False),
     Flag("monitoring_config_file", "string", ""),
     _warned("remove_unused_fields_from_bundle_metagraph", "bool", True,
-            "the MetaGraphDef is not kept in memory beyond its SignatureDefs"),
+            "only the SignatureDefs are kept beside the loaded graph, either way"),
     _refused("prefer_tflite_model", "bool", False, "TFLite models are not served (SavedModels only)"),
     _warned("num_tflite_pools", "int32", _CPUS, "TFLite models are not served"),
     _warned("num_tflite_interpreters_per_pool", "int32", 1, "TFLite models are not served"),

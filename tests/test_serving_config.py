@@ -73,7 +73,15 @@ def test_network_reloads_name_only_allowed_base_paths(tmp_path):
         assert info.value.code.name == "PERMISSION_DENIED"
         assert sorted(manager._models) == ["m0", "m1"]  # nothing of it applied
 
+    # A reload adding a model whose versions all fail answers UNKNOWN (WaitUntilModelsAvailable).
+    (tmp_path / "inside" / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "inside" / "broken" / "1" / "saved_model.pb").write_bytes(b"not a SavedModel")
     manager.config = ServingConfig(allowed_base_paths=[str(tmp_path / "inside")])
+    broken = model_server_config_pb2.ModelServerConfig()
+    broken.model_config_list.config.add(name="new", base_path=str(tmp_path / "inside" / "broken"), model_platform="tensorflow")
+    with pytest.raises(ServingError, match=r"^1 model\(s\) did not become available: \{\{\{name: new version: 1\} due") as info:
+        manager.apply_config(broken, from_network=True)
+    assert info.value.code.name == "UNKNOWN"
     reload(tmp_path / "inside")
     with pytest.raises(ServingError, match="is not under"):
         reload(root / "m")

@@ -199,3 +199,13 @@ def test_front_end_flags_no_ported_case_covers(tmp_path):
         assert requests.get(f"{url}/monitoring/prometheus/metrics", timeout=10).status_code == 404
     finally:
         server.stop(grace=0)
+
+
+def test_the_docs_list_every_flag_as_it_is_handled():
+    """docs/serving.md's flag table says of each flag what serving.tf_serving_flags does with it."""
+    import re
+
+    text = (REPO / "docs" / "serving.md").read_text()
+    rows = dict(re.findall(r"^\| `--([a-z0-9_]+)` \| [^|]* \| (implemented|warning|refused)", text, re.M))
+    word = {flags.IMPLEMENTED: "implemented", flags.WARNED: "warning", flags.REFUSED: "refused"}
+    assert rows == {f.name: word[f.handling] for f in flags.FLAGS}
