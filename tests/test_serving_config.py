@@ -106,3 +106,12 @@ def test_configs_are_written_under_a_remote_root():
     set_version_labels(paths["models.config"], "penguins", {"stable": 3})
     write_serving_configs(root, ServingConfig())
     assert dict(read_model_server_config(paths["models.config"]).model_config_list.config[0].version_labels) == {"stable": 3}
+
+
+def test_allowed_base_paths_must_be_absolute():
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"'serving.allowed_base_paths': .*'models' is not an absolute path or a URI"):
+        load_config(None, ["serving.allowed_base_paths=[models]"])
+    assert load_config(None, ["serving.allowed_base_paths=[/srv/models, gs://b/m]"]).serving.allowed_base_paths == [
+        "/srv/models", "gs://b/m"]
