@@ -3,7 +3,8 @@ tensorflow_serving/model_servers/tensorflow_model_server_test.py (tensorflow/ser
 on TF Serving's test data (tests/data/tf_serving, Apache-2.0), against `loopline serve` started
 with TF Serving's flags as that test's harness starts `tensorflow_model_server`
 (serving_helpers.TfServingServer). Each test names the case it ports; the requests and expected
-answers are that test's. One server per group of cases (TF Serving starts one per set of flags).
+answers are that test's. One server per group of cases (TF Serving starts one per set of flags),
+all started together.
 
 Also, from TF Serving's handler tests and issues users meet: the two-version model under the
 `all` and `specific` policies with a label on each version, set by a config reload once both
@@ -106,21 +107,43 @@ def example_input(request, x: float = 2.0):
 
 
 def start(tmp_path_factory, name: str, *flags: str, **kwargs) -> TfServingServer:
-    return TfServingServer(tmp_path_factory.mktemp(name), *flags, **kwargs)
+    """A server for one group of cases, not waited for: every group's server starts at once (most
+    of a start is importing TensorFlow), and each group waits for its own."""
+    return TfServingServer(tmp_path_factory.mktemp(name), *flags, wait=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """The servers of every group below, started together; stopped when the module ends."""
+    started = {
+        "half_plus_two": start(  # RunServer('default', saved_model_half_plus_two_cpu), with the monitoring
+            # config (testPrometheusEndpoint), batching (_TestPredict's batching_parameters_file) and
+            # testGoodGrpcChannelArgs' channel arguments on the same server
+            tmp_path_factory, "half_plus_two", f"--monitoring_config_file={DATA / 'monitoring_config.txt'}",
+            "--enable_batching", f"--batching_parameters_file={DATA / 'batching_config.txt'}",
+            model_name="default", model_path=HALF_PLUS_TWO,
+            grpc_channel_arguments="grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb"),
+    }
+    try:
+        started["good_config"] = good_config_server(tmp_path_factory)
+        started["reload"] = reload_server(tmp_path_factory)
+        started["two_versions"] = two_versions_server(tmp_path_factory)
+        started["tf2"] = tf2_server(tmp_path_factory)  # writes its models first, while the others start
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def ready(servers, name: str) -> TfServingServer:
+    servers[name].wait_until_ready(300)
+    return servers[name]
 
 
 # -- half_plus_two (TF1): the cases on `--model_name=default --model_base_path=...` --------------------
 @pytest.fixture(scope="module")
-def half_plus_two(tmp_path_factory):
-    """RunServer('default', saved_model_half_plus_two_cpu), with the monitoring config
-    (testPrometheusEndpoint), batching (_TestPredict's batching_parameters_file) and
-    testGoodGrpcChannelArgs' channel arguments on the same server."""
-    server = start(tmp_path_factory, "half_plus_two", f"--monitoring_config_file={DATA / 'monitoring_config.txt'}",
-                   "--enable_batching", f"--batching_parameters_file={DATA / 'batching_config.txt'}",
-                   model_name="default", model_path=HALF_PLUS_TWO,
-                   grpc_channel_arguments="grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb")
-    yield server
-    server.stop()
+def half_plus_two(servers):
+    return ready(servers, "half_plus_two")
 
 
 def test_get_model_status(half_plus_two):
@@ -361,8 +384,7 @@ def config_file(path, models: dict) -> None:
     path.write_text(str(config))
 
 
-@pytest.fixture(scope="module")
-def tf2_models(tmp_path_factory):
+def tf2_server(tmp_path_factory) -> TfServingServer:
     """TF2 half_plus_two as `default` (the *Tf2 cases), the SavedModels the saved-model cases write,
     each in `<base>/00000123` as those cases write them, and half_plus_two: one server for all of
     them, its config file read once (testModelConfigReloadWithZeroPollPeriod's flag)."""
@@ -378,8 +400,14 @@ def tf2_models(tmp_path_factory):
     config_file(base / "models.config", models)
     server = start(tmp_path_factory, "tf2_server", "--model_config_file_poll_wait_seconds=0",
                    model_config_file=base / "models.config")
-    yield server, models, base / "models.config"
-    server.stop()
+    server.models, server.config_path = models, base / "models.config"
+    return server
+
+
+@pytest.fixture(scope="module")
+def tf2_models(servers):
+    server = ready(servers, "tf2")
+    return server, server.models, server.config_path
 
 
 def test_classify_tf2(tf2_models):
@@ -458,14 +486,16 @@ def manifest_flags(folder) -> list[str]:
             if not a.startswith(("--port=", "--rest_api_port=", "--model_config_file="))]
 
 
-@pytest.fixture(scope="module")
-def good_config(tmp_path_factory):
+def good_config_server(tmp_path_factory) -> TfServingServer:
     """testGoodModelConfig's server, started with the rest of infra/k8s/tf-serving.yaml's arguments
     (its config poll, monitoring file, warmup, labels flag): the manifest's flags work as written."""
     folder = tmp_path_factory.mktemp("good_config")
-    server = start(tmp_path_factory, "good_config_server", *manifest_flags(folder), model_config_file=good_model_config(folder))
-    yield server
-    server.stop()
+    return start(tmp_path_factory, "good_config_server", *manifest_flags(folder), model_config_file=good_model_config(folder))
+
+
+@pytest.fixture(scope="module")
+def good_config(servers):
+    return ready(servers, "good_config")
 
 
 def test_good_model_config(good_config):
@@ -504,29 +534,31 @@ model_config_list: {{
 """
 
 
-def test_model_config_reload(tmp_path_factory):
-    """testModelConfigReload: --model_config_file_poll_wait_seconds=1 picks up a rewritten config
-    (TF Serving's test sleeps 10 s; here the answer is awaited)."""
+def reload_server(tmp_path_factory) -> TfServingServer:
     folder = tmp_path_factory.mktemp("reload")
     config = folder / "model_config.txt"
     config.write_text(BASE_CONFIG.format(name="half_plus_two", model_path=HALF_PLUS_TWO))
     server = start(tmp_path_factory, "reload_server", "--model_config_file_poll_wait_seconds=1", model_config_file=config)
-    try:
-        verify_predict(server.grpc_address, 3.0, model_version(HALF_PLUS_TWO), model_name="half_plus_two",
-                       specify_output=False)
-        config.write_text(BASE_CONFIG.format(name="half_plus_three", model_path=HALF_PLUS_THREE))
+    server.config_path = config
+    return server
 
-        def served():
-            try:
-                verify_predict(server.grpc_address, 4.0, model_version(HALF_PLUS_THREE), model_name="half_plus_three",
-                               specify_output=False)
-                return True
-            except grpc.RpcError:
-                return False
 
-        wait_for(served, 30, "half_plus_three to be served")
-    finally:
-        server.stop()
+def test_model_config_reload(servers):
+    """testModelConfigReload: --model_config_file_poll_wait_seconds=1 picks up a rewritten config
+    (TF Serving's test sleeps 10 s; here the answer is awaited)."""
+    server = ready(servers, "reload")
+    verify_predict(server.grpc_address, 3.0, model_version(HALF_PLUS_TWO), model_name="half_plus_two", specify_output=False)
+    server.config_path.write_text(BASE_CONFIG.format(name="half_plus_three", model_path=HALF_PLUS_THREE))
+
+    def served():
+        try:
+            verify_predict(server.grpc_address, 4.0, model_version(HALF_PLUS_THREE), model_name="half_plus_three",
+                           specify_output=False)
+            return True
+        except grpc.RpcError:
+            return False
+
+    wait_for(served, 30, "half_plus_three to be served")
 
 
 def test_model_config_reload_with_zero_poll_period(tf2_models):
@@ -581,17 +613,19 @@ def predict_version(address: str, **spec) -> int:
     return result.model_spec.version.value
 
 
-@pytest.fixture(scope="module")
-def two_versions(tmp_path_factory):
+def two_versions_server(tmp_path_factory) -> TfServingServer:
     """saved_model_half_plus_two_2_versions under `specific` with a label on each version in the
     config file the server starts with: taken only with --allow_version_labels_for_unavailable_models."""
     folder = tmp_path_factory.mktemp("two_versions")
     config = folder / "models.config"
     config.write_text(str(labelled_config("specific", {"stable": 123, "canary": 124})))
-    server = start(tmp_path_factory, "two_versions_server", "--allow_version_labels_for_unavailable_models",
-                   model_config_file=config)
-    yield server
-    server.stop()
+    return start(tmp_path_factory, "two_versions_server", "--allow_version_labels_for_unavailable_models",
+                 model_config_file=config)
+
+
+@pytest.fixture(scope="module")
+def two_versions(servers):
+    return ready(servers, "two_versions")
 
 
 def assert_labels_route(server) -> None:
