@@ -286,7 +286,7 @@ def _training_commands(sub) -> None:
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
-    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path CSV")
+    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path (CSV or image folder)")
     train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
     train.set_defaults(func=cmd_train)
     board = sub.add_parser("tensorboard", help="open the newest Trainer run's summaries in TensorBoard")
