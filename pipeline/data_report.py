@@ -1,6 +1,6 @@
-"""`loopline data report`: the newest finished run's statistics, schema and anomalies, read back through
-ML Metadata, next to the baseline the run was checked against (its statistics overlaid, the drift
-figures, the schema changes), rendered by validation.report."""
+"""`loopline data report`: the newest finished run's statistics, schema and anomalies, read back
+through ML Metadata (read-only), next to the baseline the run was checked against (its statistics
+overlaid, the drift figures, the schema changes), rendered by validation.report."""
 from __future__ import annotations
 
 import json

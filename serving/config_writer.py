@@ -116,7 +116,7 @@ def models_config_lock(serving_root: str, timeout_s: float = LOCK_TIMEOUT_S):
     of that name (serving.create_only), removed after, taken over when older than STALE_LOCK_S."""
     path = os.path.join(serving_root, MODELS_CONFIG_LOCK)
     if create_only.is_local(serving_root):
-        os.makedirs(serving_root, exist_ok=True)
+        tf.io.gfile.makedirs(serving_root)
         lock = portalocker.Lock(path, timeout=timeout_s)
         try:
             lock.acquire()
