@@ -73,11 +73,16 @@ def push_model(model_dir: str, base: str) -> Pushed:
     push_id = _new_push_id()
     temp = f"{base.rstrip('/')}/{TEMP_PREFIX}{push_id}"
     with _in_progress(push_id):
-        _copy_tree(model_dir, temp)
-        if create_only.is_local(base):
-            version = _rename_to_free_number(temp, base)
-        else:
-            version = _claim_and_copy(temp, base, push_id)
+        try:
+            _copy_tree(model_dir, temp)
+            if create_only.is_local(base):
+                version = _rename_to_free_number(temp, base)
+            else:
+                version = _claim_and_copy(temp, base, push_id)
+        except Exception:
+            if tf.io.gfile.exists(temp):
+                _remove(temp, "the temporary folder of a push that failed")
+            raise
     path = version_path(base, version)
     log.info("pushed %s as version %d: %s", model_dir, version, path)
     return Pushed(version, path)

@@ -149,3 +149,16 @@ def test_a_push_in_progress_elsewhere_is_not_a_leftover(model, tmp_path):
         tf.io.gfile.makedirs(f"{base}/{push.TEMP_PREFIX}{push_id}")
     removed = push.remove_leftovers(base)
     assert removed == [f"{base}/{push.TEMP_PREFIX}{other_host_old}"]
+
+
+def test_a_push_that_fails_removes_its_temporary_folder(model, tmp_path, monkeypatch):
+    base = str(tmp_path / "m")
+
+    def disk_full(point):
+        if point == "saved_model":
+            raise OSError("No space left on device")
+
+    monkeypatch.setattr(push, "pause_hook", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        push.push_model(model, base)
+    assert os.listdir(base) == []
