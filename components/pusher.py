@@ -21,7 +21,6 @@ from tfx.types import artifact_utils, standard_artifacts, standard_component_spe
 from tfx.types.component_spec import ExecutionParameter
 from tfx.utils import io_utils, proto_utils
 
-log = logging.getLogger("loopline")
 
 
 class PusherSpec(standard_component_specs.PusherSpec):
