@@ -22,7 +22,6 @@ from tfx.types.component_spec import ExecutionParameter
 from tfx.utils import io_utils, proto_utils
 
 
-
 class PusherSpec(standard_component_specs.PusherSpec):
     PARAMETERS = {
         **standard_component_specs.PusherSpec.PARAMETERS,
