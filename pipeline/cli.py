@@ -7,9 +7,11 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.run_lock import RunLockedError
 from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the root; try again later
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -222,7 +224,7 @@ def cmd_promote(args) -> int:
     except (PromotionError, ModelConfigError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 1
-    print(promotion.lines()[-1])
+    print("\n".join(promotion.lines()[1:]))
     return 0
 
 
@@ -408,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 2
+    except RunLockedError as exc:
+        print(f"loopline: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
     except KeyboardInterrupt:
         print("loopline: interrupted", file=sys.stderr)
         return 130

@@ -28,6 +28,9 @@ class ServingConfig(_Section):
     rest_port: int = Field(8501, ge=0, le=65535)
     # Versions kept loaded: the newest N (TF Serving's `latest` policy) unless labels pin others.
     num_versions: int = Field(1, ge=1)
+    keep_versions: int = Field(
+        5, ge=1, description="Version folders kept in the serving folder after a push: the newest N, plus any "
+        "version models.config names or an MLflow alias points to; older ones are removed. At least num_versions.")
     # How often the server looks for new versions and models.config changes.
     poll_seconds: float = Field(2.0, gt=0)
     # Largest request (gRPC message or REST body) accepted; larger ones get RESOURCE_EXHAUSTED.
@@ -70,6 +73,13 @@ class ServingConfig(_Section):
             if "://" not in path and not os.path.isabs(path):
                 raise ValueError(f"{path!r} is not an absolute path or a URI")
         return paths
+
+    @model_validator(mode="after")
+    def _keep_what_is_served(self):
+        if self.keep_versions < self.num_versions:
+            raise ValueError(f"serving.keep_versions ({self.keep_versions}) must be at least serving.num_versions "
+                             f"({self.num_versions}), the versions the server loads")
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self):
