@@ -33,7 +33,8 @@ class _FilesExecutor(csv_example_gen.Executor):
 
     read: Callable[[str], Iterator[list[bytes]]]
 
-    def _examples(self, pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None):
+    def _examples(self, pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None,
+                  exec_properties: dict):
         files = sorted(fileio.glob(pattern))
         if not files:
             raise RuntimeError(f"Split pattern {pattern} does not match any files.")

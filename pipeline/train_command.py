@@ -51,7 +51,7 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
 
     # Each worker converts its own copy: two processes must not write the same files.
     data_dir = os.path.join(work_dir, "data") if task is None else os.path.join(work_dir, "data", f"{task[0]}-{task[1]}")
-    return csv_to_tfrecords(config.data.path, data_dir)
+    return csv_to_tfrecords(config.data.path, data_dir, config.data.csv_options())
 
 
 def run_train(config: LooplineConfig, work_dir: str | None = None, train: str | None = None,
