@@ -67,7 +67,7 @@ class _EncodeAndSplit(beam.DoFn):
         self._split_names = split_names
         self._buckets = buckets
 
-    def process(self, path: str, types):
+    def process(self, path: str, types, _every_split_read):
         for batch in csv_records.read_batches(path, self._names, self._options):
             frames = csv_records.split_frames(csv_records.encode(batch, types), self._buckets)
             for name, framed in zip(self._split_names, frames):
@@ -102,18 +102,24 @@ def _split_files(pattern: str, options: CsvOptions) -> tuple[list[str], list[str
     return files, names, resolved
 
 
-def _examples(pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None, options: CsvOptions):
-    """Reads one input split; returns its framed records tagged by output split name."""
-    files, names, options = _split_files(pattern, options)
-    paths = pipeline | f"Files[{label}]" >> beam.Create(files)
-    # Types need the whole split first; the files are read twice rather than held in memory. No
-    # example is encoded before every file of the split has been read once (and decoded).
-    types = (paths
-             | f"FileTypes[{label}]" >> beam.Map(csv_records.file_types, names, options)
-             | f"InferTypes[{label}]" >> beam.CombineGlobally(lambda found: functools.reduce(csv_records.merge_types, found, {})))
-    return (paths
-            | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(names, options, split_names, buckets), beam.pvalue.AsSingleton(types))
-            .with_outputs(*split_names))
+def _examples(pipeline, inputs: list[tuple], options: CsvOptions) -> list:
+    """Each input split's framed records tagged by output split name; `inputs`: (label, file
+    pattern, output split names, hash buckets) per input split."""
+    reads = []
+    for label, pattern, _, _ in inputs:
+        files, names, resolved = _split_files(pattern, options)
+        paths = pipeline | f"Files[{label}]" >> beam.Create(files)
+        # Types need the whole split first; the files are read twice rather than held in memory.
+        types = (paths
+                 | f"FileTypes[{label}]" >> beam.Map(csv_records.file_types, names, resolved)
+                 | f"InferTypes[{label}]" >> beam.CombineGlobally(lambda found: functools.reduce(csv_records.merge_types, found, {})))
+        reads.append((paths, names, resolved, types))
+    # Encoding waits for every input split's type pass (a side input), so a file that cannot be
+    # read or decoded stops the run before any example is written.
+    everything_read = beam.pvalue.AsList([types for *_, types in reads] | "EverySplitRead" >> beam.Flatten())
+    return [paths | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(names, resolved, split_names, buckets),
+                                                     beam.pvalue.AsSingleton(types), everything_read).with_outputs(*split_names)
+            for (label, _, split_names, buckets), (paths, names, resolved, types) in zip(inputs, reads)]
 
 
 class Executor(BaseExampleGenExecutor):
@@ -122,10 +128,10 @@ class Executor(BaseExampleGenExecutor):
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:
         raise NotImplementedError("reads record batches in GenerateExamplesByBeam")
 
-    def _examples(self, pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None,
-                  exec_properties: dict[str, Any]):
-        """One input split's framed records tagged by output split name (other formats override it)."""
-        return _examples(pipeline, label, pattern, split_names, buckets, csv_options(exec_properties))
+    def _examples(self, pipeline, inputs: list[tuple], exec_properties: dict[str, Any]) -> list:
+        """Each input split's framed records tagged by output split name; `inputs`: (label, file
+        pattern, output split names, hash buckets) per input split (other formats override it)."""
+        return _examples(pipeline, inputs, csv_options(exec_properties))
 
     def GenerateExamplesByBeam(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, beam.PCollection]:
         """Framed-record PCollections by output split name."""
@@ -143,12 +149,10 @@ class Executor(BaseExampleGenExecutor):
                 total += split.hash_buckets
                 buckets.append(total)
             pattern = os.path.join(input_base, input_config.splits[0].pattern)
-            tagged = self._examples(pipeline, "all", pattern, split_names, buckets, exec_properties)
+            [tagged] = self._examples(pipeline, [("all", pattern, split_names, buckets)], exec_properties)
             return {name: tagged[name] for name in split_names}
-        return {
-            name: self._examples(pipeline, name, os.path.join(input_base, split.pattern), [name], None, exec_properties)[name]
-            for name, split in zip(split_names, input_config.splits)
-        }
+        inputs = [(name, os.path.join(input_base, split.pattern), [name], None) for name, split in zip(split_names, input_config.splits)]
+        return {name: tagged[name] for name, tagged in zip(split_names, self._examples(pipeline, inputs, exec_properties))}
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         self._log_startup(input_dict, output_dict, exec_properties)
