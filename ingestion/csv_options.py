@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import itertools
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, get_args
 
@@ -44,7 +45,7 @@ class CsvOptions:
 
     @property
     def is_utf8(self) -> bool:
-        """UTF-8 without a BOM-stripping codec: read natively, not through a Python codec."""
+        """The encoding is UTF-8, which Arrow reads itself (any other goes through Python's codec)."""
         return codecs.lookup(self.encoding).name == "utf-8"
 
 
@@ -62,7 +63,7 @@ def undecodable(path: str, chunks: Iterable[bytes], encoding: str, column: str |
     decode, naming the line (counted in b"\\n" bytes) and the byte offset; None if all decode."""
     decoder = codecs.getincrementaldecoder(encoding)()
     offset, lines = 0, 0
-    for chunk in [*chunks, None]:
+    for chunk in itertools.chain(chunks, [None]):  # None: the end, where a cut character is an error
         pending = decoder.getstate()[0]  # bytes of a character cut by the previous chunk
         try:
             decoder.decode(chunk or b"", final=chunk is None)

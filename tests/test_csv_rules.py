@@ -163,6 +163,24 @@ def test_invalid_utf8_names_the_line_byte_and_column(tmp_path):
         csv_records.read_header(str(header), CsvOptions())
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64])
+def test_lines_and_bytes_are_found_across_read_chunks(size):
+    """The file is read again in chunks to name the place: a character or a CRLF cut by a chunk
+    boundary counts once."""
+    from ingestion.csv_options import line_of_row, undecodable
+
+    data = 'a;b\r\nÜber;"x\r\ny"\r\n\r\nœ;2\r\n'.encode("utf-8") + b"\xe9;3\r\n"
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    error = undecodable("f.csv", iter(chunks), "utf-8")
+    assert str(error).startswith(f"f.csv: line 6, byte offset {data.index(0xe9)}: 0xe9 is not valid utf-8")
+    cut = "a;b\nx;Ü".encode("utf-8")[:-1]  # the file ends inside a character
+    error = undecodable("f.csv", iter([cut[i:i + size] for i in range(0, len(cut), size)]), "utf-8")
+    assert str(error).startswith(f"f.csv: line 2, byte offset {len(cut) - 1}: 0xc3 is not valid utf-8 (unexpected end of data)")
+    assert undecodable("f.csv", iter([data[:data.index(0xe9)]]), "utf-8") is None
+    options = CsvOptions(delimiter=";", encoding="latin-1")
+    assert [line_of_row(iter(chunks), options, row) for row in (1, 2, 3, 4, 5)] == [1, 2, 5, 6, None]
+
+
 def test_a_short_row_names_the_line(tmp_path):
     path = write(tmp_path, "short.csv", b"a;b\n1;2\n\n3\n")
     names, options = csv_records.read_header(str(path), CsvOptions(delimiter=";"))
