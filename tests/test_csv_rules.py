@@ -253,6 +253,19 @@ def test_executor_train_conversion_and_statistics_read_the_same(tmp_path, encodi
     assert missing["age"] == 18 and missing["cabin"] == 60 and missing["id"] == 0
 
 
+def test_the_pipeline_hands_the_options_to_example_gen(tmp_path):
+    """The options are ExampleGen's custom_config: an execution property, so a changed option is a
+    new execution, not a cache hit."""
+    from components.csv_example_gen import csv_options
+    from pipeline.pipeline import create_pipeline
+
+    config = make_config(tmp_path, "data.delimiter=auto", "data.na_values=['', '-']", "data.encoding=cp1252",
+                         "mlflow.enabled=false")
+    node = next(c for c in create_pipeline(config).components if c.id == "CsvExampleGen")
+    given = csv_options(node.exec_properties)  # the JSON the executor receives
+    assert given == config.data.csv_options() == CsvOptions(("", "-"), "auto", "cp1252")
+
+
 def test_the_executor_writes_nothing_from_a_file_that_is_not_utf8(tmp_path):
     """The eval file is not UTF-8: no example of the train split is written either."""
     for split in ("train", "eval"):
