@@ -11,7 +11,7 @@ from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
 
 from components.baseline_recorder import BaselineRecorder
-from components.csv_example_gen import ArrowCsvExampleGen
+from components.csv_example_gen import ArrowCsvExampleGen, custom_config
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
 from components.pusher import Pusher
@@ -20,6 +20,7 @@ from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
+from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
 
@@ -103,8 +104,12 @@ def _example_gen(data):
         from components.file_example_gen import ParquetExampleGen as example_gen_class
     elif data.format == "image_folder":
         from components.file_example_gen import ImageFolderExampleGen as example_gen_class
-    else:
-        example_gen_class = CsvExampleGen if data.example_gen == "stock" else ArrowCsvExampleGen
+    elif data.example_gen == "stock":
+        check_stock_options(data)
+        example_gen_class = CsvExampleGen
+    else:  # the CSV options travel in custom_config: a changed option is a changed execution, not a cache hit
+        return ArrowCsvExampleGen(input_base=data_dir, input_config=input_config,
+                                  custom_config=custom_config(data.csv_options())).with_id("CsvExampleGen")
     return example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
 
 

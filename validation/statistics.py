@@ -157,7 +157,8 @@ class FeatureSummary:
 
     def __init__(self):
         self.kind: str | None = None  # "INT", "FLOAT", "STRING"; None until a value is seen
-        self.present = 0  # examples with at least one value
+        self.present = 0  # examples with the feature (TFDV's count: an empty value list is present)
+        self.empty = 0  # ... of which with an empty value list (a missing CSV cell)
         self.values = 0
         self.min_values, self.max_values = None, None
         self.numbers: _Numbers | None = None
@@ -181,6 +182,7 @@ class FeatureSummary:
         lengths = np.asarray(array.value_lengths().fill_null(0), np.int64)[present]
         if lengths.size:
             self._count(int(present.sum()), int(lengths.sum()), int(lengths.min()), int(lengths.max()))
+            self.empty += int(np.count_nonzero(lengths == 0))
         flat = array.flatten()
         if self.kind == "STRING":
             self.strings.add(flat)
@@ -198,6 +200,7 @@ class FeatureSummary:
         if other.kind is not None:
             self._set_kind(other.kind, name)
         self._count(other.present, other.values, other.min_values, other.max_values)
+        self.empty += other.empty
         for part in ("numbers", "strings"):
             mine, theirs = getattr(self, part), getattr(other, part)
             if theirs is not None:
@@ -207,11 +210,14 @@ class FeatureSummary:
                     mine.merge(theirs)
 
     def common(self, total: int) -> statistics_pb2.CommonStatistics:
-        common = statistics_pb2.CommonStatistics(num_non_missing=self.present, num_missing=total - self.present,
+        present, low = self.present, self.min_values
+        if (self.max_values or 0) <= 1 and self.empty:  # one value or none (a CSV column): no value is a missing value
+            present, low = present - self.empty, 1
+        common = statistics_pb2.CommonStatistics(num_non_missing=present, num_missing=total - present,
                                                   tot_num_values=self.values)
-        if self.present:
-            common.min_num_values, common.max_num_values = self.min_values, self.max_values
-            common.avg_num_values = self.values / self.present
+        if present:
+            common.min_num_values, common.max_num_values = low, self.max_values
+            common.avg_num_values = self.values / present
         return common
 
 
