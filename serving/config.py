@@ -5,6 +5,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serving.request_log_config import RequestLogConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -55,6 +57,9 @@ class ServingConfig(_Section):
     # cores: p50 ~0.15 ms lower at 1 client, ~40% more requests/s at 16). None: all CPUs.
     cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
     batching: BatchingConfig = BatchingConfig()
+    request_log: RequestLogConfig = Field(RequestLogConfig(), description=(
+        "Request logging: PredictionLog records of served requests under <pipeline.root>/request_logs "
+        "(docs/monitoring.md)."))
 
     @model_validator(mode="after")
     def _tls_pair(self):

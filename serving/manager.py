@@ -16,6 +16,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
 from serving.model_config import is_remote, model_config_path, resolved_path, safe_base_path
+from serving.request_log import OFF
 from serving.servable import Servable
 from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
@@ -66,6 +67,7 @@ class ModelManager:
         self._models: dict[str, ModelState] = {}
         self.source = StoragePathSource(self.models_config, self.apply_config, self.reconcile, config.poll_seconds)
         self.max_elements = max(1, config.max_request_bytes)  # no element is smaller than a byte
+        self.request_log = OFF  # the server's serving.request_log.RequestLog; the API code logs answers to it
 
     # -- configuration -------------------------------------------------------------------------
     def _checked_entries(self, server_config) -> dict[str, model_server_config_pb2.ModelConfig]:
@@ -99,6 +101,7 @@ class ModelManager:
         """Switches to a new ModelServerConfig (from the file or HandleReloadConfigRequest): loads
         what it asks for, then checks its labels (TF Serving's UpdateModelVersionLabelMap)."""
         entries = self._checked_entries(server_config)
+        self.request_log.configure_models(entries)  # a logging_config loopline cannot honour refuses it all
         with self._lock:
             for name, entry in entries.items():
                 state = self._models.get(name)

@@ -33,7 +33,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serving import json_codec, rules, service
+from serving import json_codec, request_ids, rules, service
 from serving.config import ServingConfig
 from serving.config_writer import PROMETHEUS_PATH
 from serving.errors import ServingError, invalid
@@ -78,6 +78,7 @@ def predict(manager: ModelManager, spec, body: bytes) -> dict:
                                                    spec.signature_name)
     with manager.resolve(spec) as servable:
         outputs = service.run_predict(servable, spec.signature_name, inputs, (), manager.method_check)
+    manager.request_log.log_predict(spec, servable.version, inputs, outputs)
     return json_codec.predict_answer(outputs, row_format)
 
 
@@ -152,11 +153,12 @@ class RestApp:
         self.pool = ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rest")
         self.in_flight = 0  # only touched on the event loop's thread
 
-    def answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
+    def answer(self, method: str, path: str, body: bytes, too_large: bool, request_id: str = "") -> tuple[int, bytes, str]:
         started = time.perf_counter()
         name, verb = _metric_labels(method, path)
         code = "OK"
         try:
+            request_ids.begin(request_id)  # checked, and CURRENT in the thread that answers
             if too_large:
                 raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                    f"request body is over the limit of {self.config.max_request_bytes} bytes "
@@ -183,17 +185,19 @@ class RestApp:
         if not _API_PATH.fullmatch(path):
             return await _send(send, 404, json_codec.dumps({"error": f"Not found: {method} {path}"}), "application/json")
         body, too_large = await _read_body(receive, self.config.max_request_bytes)
+        request_id = request_ids.from_asgi(scope["headers"])  # returned in the answer's x-request-id
         self.in_flight += 1
         try:
             await asyncio.sleep(0)  # requests that arrived with this one count themselves in first
             if self.in_flight == 1:
-                status, payload, content_type = self.answer(method, path, body, too_large)
+                status, payload, content_type = self.answer(method, path, body, too_large, request_id)
             else:
                 loop = asyncio.get_running_loop()
-                status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body, too_large)
+                status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body,
+                                                                           too_large, request_id)
         finally:
             self.in_flight -= 1
-        await _send(send, status, payload, content_type, close=too_large)
+        await _send(send, status, payload, content_type, close=too_large, request_id=request_id)
 
 
 async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
@@ -208,8 +212,10 @@ async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
             return b"".join(chunks), size > limit
 
 
-async def _send(send, status: int, body: bytes, content_type: str, close: bool = False) -> None:
+async def _send(send, status: int, body: bytes, content_type: str, close: bool = False, request_id: str = "") -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    if request_ids.is_valid(request_id):
+        headers.append((request_ids.HEADER.encode(), request_id.encode()))
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -11,6 +11,7 @@ from serving.config import ServingConfig
 from serving.grpc_server import start_grpc
 from serving.manager import ModelManager
 from serving.metrics import Metrics
+from serving.request_log import RequestLog
 from serving.rest import start_rest
 
 log = logging.getLogger("loopline.serving")
@@ -34,11 +35,14 @@ class ModelServer:
         self.config = config
         self.metrics = Metrics()
         self.manager = ModelManager(serving_root, config, models_config, self.metrics)
+        self.request_log = RequestLog(serving_root, self.metrics, config.poll_seconds)
+        self.manager.request_log = self.request_log
         self.grpc_port = self.rest_port = None
         self._grpc = self._rest = None
 
     def start(self) -> "ModelServer":
         configure_tensorflow(self.config)
+        self.request_log.start()  # its settings before models.config's logging_config meets them
         self.manager.start()  # loads and warms what models.config names before accepting requests
         try:
             self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
@@ -54,6 +58,7 @@ class ModelServer:
             self._rest.shutdown()
         if self._grpc:
             self._grpc.stop(grace).wait(grace)
+        self.request_log.stop()  # writes what is queued and publishes the open files
 
 
 def serve_forever(serving_root: str, config: ServingConfig, models_config: str | None = None) -> int:
