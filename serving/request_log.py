@@ -7,10 +7,12 @@ core/request_logger.cc, core/log_collector.h), which its open-source build never
 - a sampled request and its answer become a `PredictionLog` (predict_log, classify_log,
   regress_log or multi_inference_log) with LogMetadata: the model spec of the version that
   answered, the sampling config, the SavedModel tags and the time;
-- the request path only samples and puts the pair on a bounded queue; a full queue drops the
-  record and counts it. Building, stripping (`exclude_features`), serializing and writing happen
-  in one writer thread, into GZIP TFRecord files cut by size and time (serving.request_log_files),
-  and old files are deleted after `keep_days`.
+- the request path only samples and appends the pair to a bounded queue (a deque: no lock, no
+  wake-up); a full queue drops the record and counts it. A writer thread takes what is queued
+  every WRITE_EVERY_S, builds, strips (`exclude_features`), serializes and writes it into GZIP
+  TFRecord files cut by size and time (serving.request_log_files), and deletes files older than
+  `keep_days`. Waking it per request would cost the request path a thread switch each (the
+  server answers on one core's worth of Python), several times the record's own cost.
 
 Only answered requests reach `log()`: a failed request is counted by the request metrics and a
 warmup replay by the warmup metrics, and neither is logged. A log that cannot be written is
@@ -18,8 +20,8 @@ counted and never fails or delays a request.
 """
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import random
 import threading
 import time
@@ -28,7 +30,7 @@ import grpc
 import tensorflow as tf
 from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import types_pb2
-from tensorflow_serving.apis import (classification_pb2, inference_pb2, predict_pb2, prediction_log_pb2,
+from tensorflow_serving.apis import (classification_pb2, inference_pb2, logging_pb2, predict_pb2, prediction_log_pb2,
                                      regression_pb2)
 from tensorflow_serving.config import logging_config_pb2
 
@@ -48,6 +50,7 @@ COLLECTOR_TYPES = ("", "loopline")
 _KIND = {predict_pb2.PredictRequest: "predict_log", classification_pb2.ClassificationRequest: "classify_log",
          regression_pb2.RegressionRequest: "regress_log", inference_pb2.MultiInferenceRequest: "multi_inference_log"}
 RETENTION_EVERY_S = 3600.0
+WRITE_EVERY_S = 0.05
 
 
 def checked_logging_configs(entries: dict) -> dict[str, logging_config_pb2.LoggingConfig]:
@@ -147,7 +150,7 @@ class RequestLog:
         self._rates: dict[str, float] = {}
         self._default_rate = 0.0
         self._settings_text: str | None = None
-        self._queue: queue.Queue = queue.Queue(self.settings.queue_size)
+        self._queue: collections.deque = collections.deque()  # bounded by settings.queue_size in _sample
         self._files: dict[tuple[str, int], LogFile] = {}  # the writer thread's alone
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,10 +171,10 @@ class RequestLog:
         rate = self._rates.get(model, self._default_rate)
         if rate <= 0.0 or (rate < 1.0 and random.random() >= rate):
             return
-        try:
-            self._queue.put_nowait((payload, request_ids.CURRENT.get(), time.time(), rate))
-        except queue.Full:
+        if len(self._queue) >= self.settings.queue_size:
             self._count(model, "queue_full")
+            return
+        self._queue.append((payload, request_ids.CURRENT.get(), time.time(), rate))
 
     def _count(self, model: str, outcome: str) -> None:
         if self.metrics is not None:
@@ -207,7 +210,6 @@ class RequestLog:
         if log_dir != self.log_dir:
             self._close_all()
         self.settings, self.log_dir = settings, log_dir
-        self._queue.maxsize = settings.queue_size
         self._update_rates()
         log.info("request log: sampling %s into %s", self._describe_rates(), log_dir)
 
@@ -231,15 +233,10 @@ class RequestLog:
     def _run(self) -> None:
         next_poll = time.monotonic() + self.poll_seconds
         while True:
+            stopping = self._stopping.wait(WRITE_EVERY_S)
             try:
-                item = self._queue.get(timeout=0.25)
-            except queue.Empty:
-                item = None
-                if self._stopping.is_set():
-                    break
-            try:
-                if item is not None:
-                    self._write(item)
+                while self._queue:  # everything queued, then the files' and the settings' turn
+                    self._write(self._queue.popleft())
                 now = time.time()
                 self._close_due(now)
                 if time.monotonic() >= next_poll:
@@ -248,16 +245,20 @@ class RequestLog:
                     self._retention(now)
             except Exception:  # noqa: BLE001 - the writer must outlive anything
                 log.exception("request log writer")
+            if stopping:
+                break
         self._close_all()
 
     def _write(self, item) -> None:
         payload, request_id, at, rate = item
         model = ""
         try:
-            model, version, entry = prediction_log(payload, rate, at)
             if self.settings.exclude_features:
+                model, version, entry = prediction_log(payload, rate, at)
                 strip_features(entry, self.settings.exclude_features)
-            record = entry.SerializeToString()
+                record = entry.SerializeToString()
+            else:
+                model, version, record = serialized_log(payload, rate, at)
             key = (model, version)
             if key not in self._files:
                 self._files[key] = LogFile(version_dir(self.log_dir, model, version), self._prefix(model))
@@ -308,30 +309,75 @@ class RequestLog:
             log.info("request log: %d files older than %g days removed", removed, self.settings.keep_days)
 
 
-def prediction_log(payload: tuple, rate: float, at: float) -> tuple[str, int, prediction_log_pb2.PredictionLog]:
-    """(model, version that answered, the PredictionLog) of a queued request and its answer."""
-    entry = prediction_log_pb2.PredictionLog()
+def _pair(payload: tuple) -> tuple[str, object, object, object]:
+    """(log type, request, response, the model spec that answered) of a queued payload; a REST
+    predict's arrays become the PredictRequest and PredictResponse its JSON stands for."""
     if len(payload) == 2:
         request, response = payload
         kind = _KIND[type(request)]
-        logged = getattr(entry, kind)
-        logged.request.CopyFrom(request)
-        logged.response.CopyFrom(response)
-        answered = response.results[0].model_spec if kind == "multi_inference_log" else response.model_spec
-    else:  # REST predict: the request its JSON became, and its answer
-        spec, version, inputs, outputs = payload
-        logged = entry.predict_log
-        logged.request.model_spec.CopyFrom(spec)
-        for name, array in inputs.items():
-            from_numpy(array, logged.request.inputs[name], as_fields=True)
-        answered = logged.response.model_spec
-        answered.name, answered.signature_name = spec.name, rules.signature_key(spec.signature_name)
-        answered.version.value = version
-        for name, array in outputs.items():
-            from_numpy(array, logged.response.outputs[name], as_fields=True)
-    metadata = entry.log_metadata
+        return kind, request, response, response.results[0].model_spec if kind == "multi_inference_log" else response.model_spec
+    spec, version, inputs, outputs = payload
+    request, response = predict_pb2.PredictRequest(model_spec=spec), predict_pb2.PredictResponse()
+    for name, array in inputs.items():
+        from_numpy(array, request.inputs[name], as_fields=True)
+    answered = response.model_spec
+    answered.name, answered.signature_name, answered.version.value = spec.name, rules.signature_key(spec.signature_name), version
+    for name, array in outputs.items():
+        from_numpy(array, response.outputs[name], as_fields=True)
+    return "predict_log", request, response, answered
+
+
+def _metadata(answered, rate: float, at: float) -> logging_pb2.LogMetadata:
+    metadata = logging_pb2.LogMetadata(saved_model_tags=[SERVE_TAG], timestamp_secs=int(at))
     metadata.model_spec.CopyFrom(answered)
     metadata.sampling_config.sampling_rate = rate
-    metadata.saved_model_tags.append(SERVE_TAG)
-    metadata.timestamp_secs = int(at)
+    return metadata
+
+
+def prediction_log(payload: tuple, rate: float, at: float) -> tuple[str, int, prediction_log_pb2.PredictionLog]:
+    """(model, version that answered, the PredictionLog) of a queued request and its answer."""
+    kind, request, response, answered = _pair(payload)
+    entry = prediction_log_pb2.PredictionLog(log_metadata=_metadata(answered, rate, at))
+    logged = getattr(entry, kind)
+    logged.request.CopyFrom(request)
+    logged.response.CopyFrom(response)
     return answered.name, answered.version.value, entry
+
+
+_FIELD_NUMBER = {f.name: f.number for f in prediction_log_pb2.PredictionLog.DESCRIPTOR.fields}
+_TIMESTAMP_TAG = bytes([logging_pb2.LogMetadata.DESCRIPTOR.fields_by_name["timestamp_secs"].number << 3])  # a varint
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+_METADATA_BEFORE_TIME: dict[tuple, bytes] = {}  # the writer thread's; a few entries per version served
+
+
+def serialized_log(payload: tuple, rate: float, at: float) -> tuple[str, int, bytes]:
+    """prediction_log's record as bytes, without copying the request and answer into a new
+    message: the same bytes protobuf writes (fields in number order, each message
+    length-delimited; LogMetadata's fields before the time are the same for every answer of a
+    version and signature, so they are serialized once)."""
+    kind, request, response, answered = _pair(payload)
+    key = (answered.name, answered.version.value, answered.signature_name, rate)
+    static = _METADATA_BEFORE_TIME.get(key)
+    if static is None:
+        metadata = _metadata(answered, rate, 0.0)
+        metadata.ClearField("timestamp_secs")
+        static = _METADATA_BEFORE_TIME[key] = metadata.SerializeToString()
+    metadata = static + _TIMESTAMP_TAG + _varint(int(at))
+    body = _field(1, request.SerializeToString()) + _field(2, response.SerializeToString())
+    return answered.name, answered.version.value, _field(1, metadata) + _field(_FIELD_NUMBER[kind], body)

@@ -134,7 +134,14 @@ def test_every_api_is_logged_as_a_prediction_log_with_its_request_id(tmp_path, e
     server = start_server(tmp_path, export, sampling_rate=1.0, exclude_features=["island"])
     try:
         sent = send_every_api(server)
-        metrics = requests.get(f"http://127.0.0.1:{server.rest_port}/monitoring/prometheus/metrics", timeout=30).text
+        url = f"http://127.0.0.1:{server.rest_port}/monitoring/prometheus/metrics"
+        written = f'loopline_request_log_records_total{{model="penguins"}} {len(sent)}'
+
+        def all_written():
+            text = requests.get(url, timeout=30).text
+            return text if written in text else None
+
+        metrics = wait_for(all_written, 10, "every answer written (the writer takes the queue every 50 ms)")
     finally:
         server.stop(grace=0)  # publishes the open file
     records = list(read_window(str(tmp_path / "request_logs"), "penguins", started - 1, time.time() + 1))
@@ -159,7 +166,6 @@ def test_every_api_is_logged_as_a_prediction_log_with_its_request_id(tmp_path, e
     logged_example = example_pb2.Example.FromString(
         by_id["grpc-predict-examples"].predict_log.request.inputs["inputs"].string_val[0])
     assert set(logged_example.features.feature) == {"bill_length_mm", "flipper_length_mm"}
-    assert f'loopline_request_log_records_total{{model="penguins"}} {len(sent)}' in metrics
     assert 'loopline_request_errors_total{api="grpc",model="penguins",method="Predict"} 1' in metrics
     assert 'loopline_warmup_requests_total{model="penguins",version="1"} 2' in metrics  # counted, not logged
     (closed,) = closed_files(str(tmp_path / "request_logs"), "penguins")
@@ -246,7 +252,17 @@ def test_sampling_is_decided_per_request_at_the_rate(tmp_path):
     logger = request_log(str(tmp_path), str(tmp_path / "logs"), sampling_rate=0.3, queue_size=100000)
     for _ in range(4000):
         logger.log(*log_pair())
-    assert 1000 < logger._queue.qsize() < 1400  # binomial(4000, 0.3): 1200 +- 29 (sd)
+    assert 1000 < len(logger._queue) < 1400  # binomial(4000, 0.3): 1200 +- 29 (sd)
+
+
+def test_records_are_written_as_protobuf_serializes_the_prediction_log():
+    from serving.request_log import prediction_log, serialized_log
+
+    for payload in (log_pair(rows=2), (raw_request([40.0]).model_spec, 7, {"x": np.ones((1, 1), np.float32)},
+                                       {"scores": np.full((1, 3), 0.5, np.float32)})):
+        model, version, entry = prediction_log(payload, 0.25, 1_800_000_000.5)
+        assert serialized_log(payload, 0.25, 1_800_000_000.5) == (model, version, entry.SerializeToString())
+        assert entry.log_metadata.timestamp_secs == 1_800_000_000 and entry.log_metadata.sampling_config.sampling_rate == 0.25
 
 
 def test_a_full_queue_drops_and_counts_without_blocking_the_request(tmp_path):
