@@ -13,7 +13,6 @@ name and renamed when complete. The run is recorded in MLflow (`loopline.kind=in
 from __future__ import annotations
 
 import io
-import logging
 import os
 import sys
 import time
@@ -33,7 +32,6 @@ from serving.signature_call import signature_caller
 from trainer.evaluation import evaluation_signature, read_description
 from trainer.heads import CLASSIFICATION, Head
 
-log = logging.getLogger("loopline")
 PREFIX = "predicted_"
 
 

@@ -176,9 +176,9 @@ class RequestLog:
             return
         self._queue.append((payload, request_ids.CURRENT.get(), time.time(), rate))
 
-    def _count(self, model: str, outcome: str) -> None:
+    def _count(self, model: str, outcome: str, count: int = 1) -> None:
         if self.metrics is not None:
-            self.metrics.observe_request_log(model, outcome)
+            self.metrics.observe_request_log(model, outcome, count)
 
     # -- configuration ----------------------------------------------------------------------------
     def configure_models(self, entries: dict) -> None:
@@ -235,8 +235,12 @@ class RequestLog:
         while True:
             stopping = self._stopping.wait(WRITE_EVERY_S)
             try:
+                written: collections.Counter = collections.Counter()
                 while self._queue:  # everything queued, then the files' and the settings' turn
-                    self._write(self._queue.popleft())
+                    written[self._write(self._queue.popleft())] += 1
+                for model, count in written.items():
+                    if model is not None:  # counted once per batch: the counters take a lock
+                        self._count(model, "written", count)
                 now = time.time()
                 self._close_due(now)
                 if time.monotonic() >= next_poll:
@@ -249,7 +253,8 @@ class RequestLog:
                 break
         self._close_all()
 
-    def _write(self, item) -> None:
+    def _write(self, item) -> str | None:
+        """Writes one queued record; returns its model, None when it could not be written (counted)."""
         payload, request_id, at, rate = item
         model = ""
         try:
@@ -263,15 +268,16 @@ class RequestLog:
             if key not in self._files:
                 self._files[key] = LogFile(version_dir(self.log_dir, model, version), self._prefix(model))
             self._files[key].write(record, request_id, at)
-            self._count(model, "written")
             if self._files[key].bytes >= self.settings.max_file_mb * 1e6:
                 self._close(key)
+            return model
         except Exception as exc:  # noqa: BLE001 - a bucket that is down must not stop the server
             self._count(model, "write_error")
             self._write_errors += 1
             if self._write_errors in (1, 10, 100) or self._write_errors % 1000 == 0:
                 log.warning("request log: %d records not written so far; the last because %s: %s", self._write_errors,
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return None
 
     def _prefix(self, model: str) -> str:
         config = self._model_configs.get(model)

@@ -28,6 +28,7 @@ RECORDS_SUFFIX = ".tfrecord.gz"
 INDEX_SUFFIX = ".index.jsonl"
 IN_PROGRESS = ".inprogress"
 DEFAULT_PREFIX = "requests"
+GZIP_LEVEL = 1  # zlib's fastest, as the ExampleGen writes: the writer shares the server's core
 _STAMP = "%Y%m%dT%H%M%S"
 _NAME = re.compile(r"(?P<prefix>.+)-(?P<first>\d{8}T\d{6}\.\d{3}Z)-(?P<last>\d{8}T\d{6}\.\d{3}Z)-(?P<token>[0-9a-f]{8})$")
 
@@ -56,7 +57,7 @@ class LogFile:
         self.token = uuid.uuid4().hex[:8]
         self.opened = time.time()
         self.staged = os.path.join(folder, f".{prefix}-{self.token}{IN_PROGRESS}")
-        self._writer = tf.io.TFRecordWriter(self.staged, options="GZIP")
+        self._writer = tf.io.TFRecordWriter(self.staged, tf.io.TFRecordOptions("GZIP", compression_level=GZIP_LEVEL))
         self.bytes = 0
         self._rows: list[tuple[str, float]] = []  # (request id, time) per record
 

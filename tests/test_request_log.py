@@ -26,7 +26,6 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
     regression_pb2,
 )
-from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
