@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 import time
@@ -78,7 +79,8 @@ class LogFile:
             return None
         name = f"{self.prefix}-{stamp(self._rows[0][1])}-{stamp(self._rows[-1][1])}-{self.token}"
         records_name = name + RECORDS_SUFFIX
-        lines = [json.dumps({"request_id": rid, "file": records_name, "record": i, "time": round(at, 3)})
+        # Times cut (not rounded) to the millisecond, as in the name: never later than the record.
+        lines = [json.dumps({"request_id": rid, "file": records_name, "record": i, "time": math.floor(at * 1000) / 1000})
                  for i, (rid, at) in enumerate(self._rows)]
         staged_index = os.path.join(self.folder, f".{name}{INDEX_SUFFIX}{IN_PROGRESS}")
         with tf.io.gfile.GFile(staged_index, "w") as f:

@@ -133,6 +133,7 @@ def test_served_traffic_comes_back_monitored_labelled_and_inferred(tmp_path):
     assert "150 requests, 150 examples: passed" in out
 
     code, out = monitor(root, day2, end + 1, "--labels", str(labels))
+    print(out)  # the shifted day's report, for the record (pytest -s)
     assert code == 1, out
     report = json.loads(open(sorted(glob.glob(str(root / "monitoring" / "penguins" / "*" / "*--*" / "summary.json")))[-1]).read())
     served_failed = {p["feature"] for p in report["problems"] if p["split"] == "served"}
