@@ -217,11 +217,11 @@ def check_version(config: LooplineConfig, window: Window, served: ServedWindow, 
     check.measures = {"skew": _measures(anomalies, True), "drift": _measures(anomalies, False),
                       "predictions": _measures(predicted, False)}
     check.out_dir = os.path.join(monitoring_dir(config.pipeline.root, config.serving.model_name, served.version), window.name)
-    _write_outputs(check, stats, predictions, anomalies, schema, baseline)
+    _write_outputs(check, stats, predictions, anomalies, baseline)
     return check
 
 
-def _write_outputs(check: VersionCheck, stats, predictions, anomalies, schema, baseline: Baseline) -> None:
+def _write_outputs(check: VersionCheck, stats, predictions, anomalies, baseline: Baseline) -> None:
     """Statistics and anomalies in TFDV's layout, and the HTML data report: served vs training."""
     write_statistics(os.path.join(check.out_dir, f"Split-{SERVED}"), stats)
     write_statistics(os.path.join(check.out_dir, f"Split-{PREDICTIONS}"), predictions)
@@ -230,7 +230,7 @@ def _write_outputs(check: VersionCheck, stats, predictions, anomalies, schema, b
                 feature): (m["measure"], m["value"], m["threshold"])
                for kind, measured in check.measures.items() for feature, m in measured.items()}
     view = BaselineView(check.baseline, dict(baseline.statistics), figures, [])
-    write_report(check.out_dir, {SERVED: stats, "served predictions": predictions}, schema, check.problems, view)
+    write_report(check.out_dir, {SERVED: stats, "served predictions": predictions}, baseline.schema, check.problems, view)
 
 
 @dataclass
