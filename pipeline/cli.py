@@ -158,9 +158,14 @@ def cmd_monitor(args) -> int:
 
     config = _config(args)
     from pipeline.monitor import monitor, parse_window, result_lines
+    from pipeline.monitor_labels import read_labels
 
-    window = parse_window(args.since, args.until, time.time())
-    result = monitor(config, window, args.labels)
+    try:  # a bad argument is exit code 2, not the 1 of a crossed threshold
+        window = parse_window(args.since, args.until, time.time())
+        labels = read_labels(args.labels) if args.labels else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    result = monitor(config, window, labels)
     print("\n".join(result_lines(result, config.serving.model_name)))
     return 0 if result.passed else 1
 

@@ -31,7 +31,7 @@ from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_p
 
 from pipeline.config import LooplineConfig
 from pipeline.logged_requests import ServedModel, logged_examples, logged_predictions
-from pipeline.monitor_labels import LiveMetrics, join_labels, read_labels
+from pipeline.monitor_labels import Labels, LiveMetrics, join_labels
 from serving.request_log_config import request_log_dir
 from serving.request_log_files import read_window, stamp
 from trainer.predicted import EVAL_PREDICTIONS, predicted_examples
@@ -245,10 +245,10 @@ class MonitorResult:
         return not self.failures and all(c.passed for c in self.checks)
 
 
-def monitor(config: LooplineConfig, window: Window, labels_path: str | None = None) -> MonitorResult:
-    """Checks every version that answered in the window; see the module's docstring."""
+def monitor(config: LooplineConfig, window: Window, labels: Labels | None = None) -> MonitorResult:
+    """Checks every version that answered in the window; see the module's docstring. `labels`:
+    read_labels' file, for the live metrics."""
     model = config.serving.model_name
-    labels = read_labels(labels_path) if labels_path else None
     served, failures = read_served(config, window, labels.request_ids if labels is not None else set())
     result = MonitorResult(window, [], failures)
     if not served and not failures:

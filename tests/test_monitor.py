@@ -237,3 +237,16 @@ def test_what_cannot_be_checked_fails_saying_why(tmp_path, export, servable):
     config = load_config(REPO / "loopline.yaml", [f"pipeline.root={root}", "mlflow.enabled=false"])
     result = monitor(config, parse_window("PT1H", None, time.time() + 1))
     assert not result.passed and "version 1: no baseline names it" in result.failures[0]
+
+
+def test_a_bad_argument_is_exit_code_2_not_a_crossed_threshold(tmp_path, capsys):
+    from pipeline.cli import main
+
+    base = ["monitor", "--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path}"]
+    assert main([*base, "--since", "last tuesday"]) == 2
+    assert "'last tuesday' is not an ISO 8601 time" in capsys.readouterr().err
+    (tmp_path / "labels.csv").write_text("id,species\na,Adelie\n")
+    assert main([*base, "--labels", str(tmp_path / "labels.csv")]) == 2
+    assert "no 'request_id' column" in capsys.readouterr().err
+    assert main([*base, "--set", "mlflow.enabled=false"]) == 1  # nothing logged: a check that cannot be made
+    assert "no logged requests of model penguins" in capsys.readouterr().out
