@@ -7,9 +7,11 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.run_lock import RunLockedError
 from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the root; try again later
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -99,22 +101,59 @@ def cmd_tensorboard(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    config = _config(args)
-    serving = config.serving
+def _prepare_serving_process(serving) -> None:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")  # before TensorFlow loads
     if serving.cpus:
         _pin_to_cpus(serving.cpus)
+
+
+def cmd_serve(args) -> int:
+    if args.tf_serving_flags:
+        return _serve_with_tf_serving_flags(args)
+    config = _config(args)
+    serving = config.serving
+    _prepare_serving_process(serving)
     from serving.request_log_config import request_log_dir, write_request_log_file
     from serving.server import serve_forever
 
     for key in ("host", "grpc_port", "rest_port"):
         if getattr(args, key) is not None:
             setattr(serving, key, getattr(args, key))
-    root = args.serving_root or _serving_root(config)
-    if os.path.isdir(root):  # serving.request_log as given here; the server polls the file for later changes
-        write_request_log_file(root, serving.request_log, request_log_dir(config.pipeline.root))
-    return serve_forever(root, serving)
+    serving_root = args.serving_root or _serving_root(config)
+    if not os.path.isdir(serving_root):
+        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
+    # serving.request_log as given here, beside models.config; the server polls it for later changes
+    write_request_log_file(serving_root, serving.request_log, request_log_dir(config.pipeline.root))
+    return serve_forever(serving_root, serving)
+
+
+def _serve_with_tf_serving_flags(args) -> int:
+    """`loopline serve --port=8500 --model_name=m --model_base_path=/models/m ...`: TF Serving's
+    command line (serving.tf_serving_flags). loopline.yaml is read only when --config or --set is
+    given, for the keys no TF Serving flag covers."""
+    own = [f"--{key.replace('_', '-')}" for key in ("grpc_port", "rest_port", "host", "serving_root")
+           if getattr(args, key) is not None]
+    if own:
+        raise ConfigError(f"{', '.join(own)}: loopline's own flags do not mix with TF Serving's; use --port, "
+                          "--rest_api_port, --model_config_file (or --set serving.host=...)")
+    from serving.config import ServingConfig
+    from serving.tf_serving_flags import serve_with_flags
+
+    serving = load_config(args.config, args.overrides).serving if args.config or args.overrides else ServingConfig()
+    _prepare_serving_process(serving)
+    return serve_with_flags(args.tf_serving_flags, serving, "loopline serve")
+
+
+def tf_serving_main(argv: list[str] | None = None) -> int:
+    """The `tensorflow_model_server` command: every argument is one of TF Serving's flags, so the
+    tensorflow/serving image's entrypoint line and manifests written for it run unchanged."""
+    _quiet_libraries()
+    from serving.config import ServingConfig
+    from serving.tf_serving_flags import serve_with_flags
+
+    serving = ServingConfig()
+    _prepare_serving_process(serving)
+    return serve_with_flags(sys.argv[1:] if argv is None else argv, serving)
 
 
 def cmd_predict(args) -> int:
@@ -221,7 +260,7 @@ def cmd_promote(args) -> int:
     except (PromotionError, ModelConfigError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 1
-    print(promotion.lines()[-1])
+    print("\n".join(promotion.lines()[1:]))
     return 0
 
 
@@ -285,7 +324,7 @@ def _training_commands(sub) -> None:
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
-    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path CSV")
+    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path (CSV or image folder)")
     train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
     train.set_defaults(func=cmd_train)
     board = sub.add_parser("tensorboard", help="open the newest Trainer run's summaries in TensorBoard")
@@ -297,7 +336,12 @@ def _training_commands(sub) -> None:
 
 
 def _serving_commands(sub) -> None:
-    serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs")
+    serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs",
+                           allow_abbrev=False,
+                           epilog="TF Serving's own flags are taken too, with its names, defaults and meanings "
+                                  "(--port=8500 --rest_api_port=8501 --model_name=m --model_base_path=/models/m, "
+                                  "--model_config_file=...): `tensorflow_model_server --help` lists them. With them "
+                                  "the server binds all interfaces, as TF Serving does.")
     _common(serve)
     serve.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port (0: any free port)")
     serve.add_argument("--rest-port", type=int, default=None, help="default: serving.rest_port (0: any free port)")
@@ -400,14 +444,33 @@ def _stop_message(exc: Exception) -> str | None:
     return None
 
 
+def _parse(argv: list[str] | None):
+    """The arguments; `serve` also takes TF Serving's flags (args.tf_serving_flags), any other
+    unknown argument is an error."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    args.tf_serving_flags = []
+    if extra and args.command == "serve":
+        from serving.tf_serving_flags import looks_like_tf_serving
+
+        if looks_like_tf_serving(extra):
+            args.tf_serving_flags = extra
+    if extra and not args.tf_serving_flags:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     _quiet_libraries()
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 2
+    except RunLockedError as exc:
+        print(f"loopline: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
     except KeyboardInterrupt:
         print("loopline: interrupted", file=sys.stderr)
         return 130

@@ -61,6 +61,10 @@ class PipelineSection(_Section):
     # ["--direct_running_mode=multi_processing", "--direct_num_workers=0"] or a Flink, Spark or
     # Dataflow runner's flags. Empty: Beam's DirectRunner in-process.
     beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = []
+    lock_wait_seconds: float = Field(
+        600, ge=0, description="How long `loopline run` and `loopline data accept` wait for another run holding the "
+        "lock on the same ML Metadata file (`<metadata file>.lock`) before stopping with one line naming it; "
+        "0: do not wait.")
 
 
 # `data.schema` shadows pydantic's deprecated `BaseModel.schema()`, which nothing here uses.

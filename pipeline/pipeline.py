@@ -7,15 +7,14 @@ import os
 import posixpath
 
 from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
-from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
-from tfx.proto import pusher_pb2
 
 from components.baseline_recorder import BaselineRecorder
 from components.csv_example_gen import ArrowCsvExampleGen
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
+from components.pusher import Pusher
 from components.schema_gen import SchemaGen
 from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
@@ -121,8 +120,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     target = tracking_target(config)
     trainer, evaluator = _training(config, target, example_gen, schema_gen, example_validator)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
-    pusher, baseline_recorder, serving_configs = _delivery(config, example_gen, trainer, evaluator, statistics_gen,
-                                                           schema_gen)
+    pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
+                                                           statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
                   baseline_recorder, serving_configs]
     if target:
@@ -199,15 +198,17 @@ def _training(config: LooplineConfig, target, example_gen, schema_gen, example_v
     return trainer, evaluator
 
 
-def _delivery(config: LooplineConfig, example_gen, trainer, evaluator, statistics_gen, schema_gen):
-    """The Pusher, the BaselineRecorder (a pushed model's data becomes the baseline the next runs
-    are checked against) and the ServingConfigs writer."""
+def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, statistics_gen, schema_gen):
+    """The Pusher (a new version, then retention: it keeps what the registry at `target` points
+    to), the BaselineRecorder (a pushed model's data becomes the baseline the next runs are
+    checked against) and the ServingConfigs writer."""
     pusher = Pusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
-        push_destination=pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
-        ),
+        base_directory=serving_base(config),
+        keep_versions=config.serving.keep_versions,
+        tracking=target.to_json() if target else "",
+        registered_model=registered_model_name(config),
     )
     baseline_recorder = BaselineRecorder(
         statistics=statistics_gen.outputs["statistics"],

@@ -56,3 +56,8 @@ def from_asgi(headers) -> str:
         if key == b"x-request-id":
             return value.decode("latin-1")
     return new_id()
+
+
+def answer_header(request_id: str) -> list[tuple[bytes, bytes]]:
+    """The answer's `x-request-id` header (none for an id that was refused)."""
+    return [(HEADER.encode(), request_id.encode())] if is_valid(request_id) else []

@@ -39,7 +39,7 @@ from serving import signature_names as names
 from serving.errors import ServingError, invalid
 from serving.request_log_config import RequestLogConfig, default_log_dir, read_request_log_file, request_log_file
 from serving.request_log_files import DEFAULT_PREFIX, LogFile, delete_older_than, version_dir
-from serving.signature_call import SERVE_TAG
+from serving.signature_call import SERVE_TAGS
 from serving.tensors import from_numpy
 
 log = logging.getLogger("loopline.serving")
@@ -139,12 +139,15 @@ OFF = RequestLogOff()
 class RequestLog:
     """The server's request logger: sampling on the request path, everything else in a writer thread."""
 
-    def __init__(self, serving_root: str, metrics=None, poll_seconds: float = 2.0):
-        self.settings_path = request_log_file(serving_root)
-        self.serving_root = serving_root
+    def __init__(self, config_dir: str | None, metrics=None, poll_seconds: float = 2.0, tags=SERVE_TAGS):
+        """`config_dir`: the folder of models.config, where request_log.json is read (None: a server
+        without a config file, e.g. TF Serving's --model_base_path: no settings file, nothing logged);
+        `tags`: the SavedModel tags the server loads, recorded in each record."""
+        self.config_dir = config_dir
+        self.settings_path = request_log_file(config_dir) if config_dir else None
         self.settings = RequestLogConfig()
-        self.log_dir = default_log_dir(serving_root)
-        self.metrics, self.poll_seconds = metrics, poll_seconds
+        self.log_dir = default_log_dir(config_dir) if config_dir else None
+        self.metrics, self.poll_seconds, self.tags = metrics, poll_seconds, tuple(tags)
         self._model_configs: dict[str, logging_config_pb2.LoggingConfig] = {}
         # Read on the request path without a lock: each is replaced whole, never changed in place.
         self._rates: dict[str, float] = {}
@@ -193,6 +196,8 @@ class RequestLog:
     def reload_settings(self) -> None:
         """Reads request_log.json when it changed (no file: logging off unless models.config says
         otherwise); a file that is not valid keeps the settings in use, saying why."""
+        if self.settings_path is None:
+            return
         try:
             with tf.io.gfile.GFile(self.settings_path) as f:
                 text = f.read()
@@ -203,7 +208,7 @@ class RequestLog:
         self._settings_text = text
         try:
             settings, log_dir = read_request_log_file(self.settings_path) if text else \
-                (RequestLogConfig(), default_log_dir(self.serving_root))
+                (RequestLogConfig(), default_log_dir(self.config_dir))
         except (ValueError, tf.errors.OpError) as exc:
             log.error("request log settings not applied, the previous ones stay: %s", exc)
             return
@@ -258,12 +263,15 @@ class RequestLog:
         payload, request_id, at, rate = item
         model = ""
         try:
+            if self.log_dir is None:
+                raise ValueError("no folder for request logs: the server has no models.config file beside which "
+                                 "request_log.json would name one")
             if self.settings.exclude_features:
-                model, version, entry = prediction_log(payload, rate, at)
+                model, version, entry = prediction_log(payload, rate, at, self.tags)
                 strip_features(entry, self.settings.exclude_features)
                 record = entry.SerializeToString()
             else:
-                model, version, record = serialized_log(payload, rate, at)
+                model, version, record = serialized_log(payload, rate, at, self.tags)
             key = (model, version)
             if key not in self._files:
                 self._files[key] = LogFile(version_dir(self.log_dir, model, version), self._prefix(model))
@@ -333,17 +341,18 @@ def _pair(payload: tuple) -> tuple[str, object, object, object]:
     return "predict_log", request, response, answered
 
 
-def _metadata(answered, rate: float, at: float) -> logging_pb2.LogMetadata:
-    metadata = logging_pb2.LogMetadata(saved_model_tags=[SERVE_TAG], timestamp_secs=int(at))
+def _metadata(answered, rate: float, at: float, tags) -> logging_pb2.LogMetadata:
+    metadata = logging_pb2.LogMetadata(saved_model_tags=list(tags), timestamp_secs=int(at))
     metadata.model_spec.CopyFrom(answered)
     metadata.sampling_config.sampling_rate = rate
     return metadata
 
 
-def prediction_log(payload: tuple, rate: float, at: float) -> tuple[str, int, prediction_log_pb2.PredictionLog]:
+def prediction_log(payload: tuple, rate: float, at: float,
+                   tags=SERVE_TAGS) -> tuple[str, int, prediction_log_pb2.PredictionLog]:
     """(model, version that answered, the PredictionLog) of a queued request and its answer."""
     kind, request, response, answered = _pair(payload)
-    entry = prediction_log_pb2.PredictionLog(log_metadata=_metadata(answered, rate, at))
+    entry = prediction_log_pb2.PredictionLog(log_metadata=_metadata(answered, rate, at, tags))
     logged = getattr(entry, kind)
     logged.request.CopyFrom(request)
     logged.response.CopyFrom(response)
@@ -372,16 +381,16 @@ def _field(number: int, payload: bytes) -> bytes:
 _METADATA_BEFORE_TIME: dict[tuple, bytes] = {}  # the writer thread's; a few entries per version served
 
 
-def serialized_log(payload: tuple, rate: float, at: float) -> tuple[str, int, bytes]:
+def serialized_log(payload: tuple, rate: float, at: float, tags=SERVE_TAGS) -> tuple[str, int, bytes]:
     """prediction_log's record as bytes, without copying the request and answer into a new
     message: the same bytes protobuf writes (fields in number order, each message
     length-delimited; LogMetadata's fields before the time are the same for every answer of a
     version and signature, so they are serialized once)."""
     kind, request, response, answered = _pair(payload)
-    key = (answered.name, answered.version.value, answered.signature_name, rate)
+    key = (answered.name, answered.version.value, answered.signature_name, rate, tags)
     static = _METADATA_BEFORE_TIME.get(key)
     if static is None:
-        metadata = _metadata(answered, rate, 0.0)
+        metadata = _metadata(answered, rate, 0.0, tags)
         metadata.ClearField("timestamp_secs")
         static = _METADATA_BEFORE_TIME[key] = metadata.SerializeToString()
     metadata = static + _TIMESTAMP_TAG + _varint(int(at))

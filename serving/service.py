@@ -45,7 +45,8 @@ def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, m
     return servable.run(rules.signature_key(signature_name), inputs, fetch)
 
 
-def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool) -> predict_pb2.PredictResponse:
+def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool,
+               tensor_content: bool = False) -> predict_pb2.PredictResponse:
     def parse(alias, proto):
         try:
             return to_numpy(proto, alias, servable.max_elements)
@@ -57,14 +58,15 @@ def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool
     response = predict_pb2.PredictResponse()
     _model_spec(response.model_spec, servable, spec.signature_name)
     for name, array in outputs.items():
-        from_numpy(array, response.outputs[name], as_fields=True)  # TF Serving's default: typed value fields
+        # TF Serving's default: typed value fields; --enable_serialization_as_tensor_content: bytes
+        from_numpy(array, response.outputs[name], as_fields=not tensor_content)
     return response
 
 
 def predict(manager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        response = predict_on(servable, request, manager.method_check)
+        response = predict_on(servable, request, manager.method_check, manager.options.tensor_content)
     manager.request_log.log(request, response)
     return response
 
@@ -165,10 +167,8 @@ def model_status(manager, request) -> get_model_status_pb2.GetModelStatusRespons
     version = spec.version.value if spec.HasField("version") else None
     response = get_model_status_pb2.GetModelStatusResponse()
     states = get_model_status_pb2.ModelVersionStatus.State
-    for v, state, error in manager.status(spec.name, version):
+    for v, state, code, error in manager.status(spec.name, version):
         row = response.model_version_status.add(version=v, state=states.Value(state))
-        row.status.error_code = 0  # OK
-        if error:
-            row.status.error_code = 2  # UNKNOWN
-            row.status.error_message = error
+        row.status.error_code = code.value[0]  # the load's own code, as TF Serving reports it
+        row.status.error_message = error
     return response

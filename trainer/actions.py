@@ -86,7 +86,8 @@ class Actions:
         self.stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping_patience)
         self.metrics: dict[str, float] = {}
         self.evaluated_at = -1
-        self.since_eval = [0.0, 0]  # train loss summed over steps since the last evaluation, steps
+        # Each train loss ("loss"; a train_step's "<name>_loss") summed over the steps since the last evaluation, and the steps.
+        self.since_eval: dict[str, tuple[float, int]] = {}
 
     def next_call_steps(self, step: int) -> int:
         return steps_to_next_event(step, self.run.total_steps, self.eval_every, self.run.checkpoints.every_steps,
@@ -110,8 +111,9 @@ class Actions:
         """Train summaries and progress for the call's mean metrics."""
         self.summaries.scalars("train", step, out)
         self.progress.update(step, out)
-        if "loss" in out:
-            self.since_eval = [self.since_eval[0] + out["loss"] * n, self.since_eval[1] + n]
+        for key in [k for k in out if k == "loss" or k.endswith("_loss")]:
+            total, steps = self.since_eval.get(key, (0.0, 0))
+            self.since_eval[key] = (total + out[key] * n, steps + n)
 
     def evaluate(self, step: int, out: dict[str, float] | None = None) -> None:
         sync_export_model(self.run)
@@ -120,10 +122,11 @@ class Actions:
         if out is None:  # the final evaluation: not summarised or logged
             return
         self.summaries.scalars("eval", step, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
+        write_images(self.summaries, step, self.run)
         run = self.run
         _log_evaluation(step, run.steps_per_epoch, run.total_steps, run.config.epochs, self.since_eval,
                         self.metrics, out)
-        self.since_eval = [0.0, 0]
+        self.since_eval = {}
 
     def finish(self, step: int) -> TrainResult:
         """Evaluates the final weights unless that was just done; records the final loss weights."""
@@ -152,6 +155,14 @@ def sync_export_model(run: Run) -> None:
     ema = optimization.ema_values(run.optimizer) if run.optimizer is not None else None
     averaged = {id(v): e for v, e in zip(run.model.trainable_variables, ema)} if ema else {}
     run.export_model.set_weights([keras.ops.convert_to_numpy(averaged.get(id(v), v)) for v in run.model.weights])
+
+
+def write_images(summaries: Summaries, step: int, run: Run) -> None:
+    """The module's `summary_images(models) -> {tag: [k, h, w, c] in [0, 1]}` (e.g. a GAN's
+    generated samples), to TensorBoard's images dashboard at each evaluation."""
+    hook = getattr(run.module, "summary_images", None)
+    if hook is not None and "eval" in summaries.writers:
+        summaries.images("eval", step, hook(run.models))
 
 
 def write_histograms(summaries: Summaries, step: int, run: Run) -> None:
@@ -196,9 +207,10 @@ def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
 
 
 def _log_evaluation(step, steps_per_epoch, total_steps, epochs, since_eval, metrics, out) -> None:
-    """One line per evaluation: the mean train loss over the steps since the last one (the
+    """One line per evaluation: the mean train losses over the steps since the last one (the
     epoch's, with the default eval_every_steps), the eval metrics and the last call's rate."""
-    train_loss = since_eval[0] / since_eval[1] if since_eval[1] else float("nan")
+    losses = {k: total / steps for k, (total, steps) in since_eval.items()} or {"loss": float("nan")}
+    train = " ".join(f"train_{k}={v:.4g}" for k, v in losses.items())
     shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
-    log.info("epoch %d/%d step %d/%d train_loss=%.4g eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
-             epochs, step, total_steps, train_loss, shown, out["examples_per_sec"])
+    log.info("epoch %d/%d step %d/%d %s eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
+             epochs, step, total_steps, train, shown, out["examples_per_sec"])

@@ -25,7 +25,17 @@ def _metadata(plugin: str) -> bytes:
     return meta.SerializeToString()
 
 
-_SCALAR, _HISTOGRAM = _metadata("scalars"), _metadata("histograms")
+_SCALAR, _HISTOGRAM, _IMAGE = _metadata("scalars"), _metadata("histograms"), _metadata("images")
+
+
+def image_tensor(images) -> tf.Tensor:
+    """`[k, h, w, c]` floats in [0, 1] as the images plugin's tensor: width, height, then one PNG
+    per image (what tf.summary.image writes)."""
+    images = tf.cast(images, tf.float32)  # bfloat16 or float16 under mixed precision
+    pixels = tf.cast(tf.round(tf.clip_by_value(images, 0.0, 1.0) * 255.0), tf.uint8)
+    pngs = tf.map_fn(tf.io.encode_png, pixels, fn_output_signature=tf.string)
+    size = tf.strings.as_string(tf.shape(images)[2:0:-1])  # width, height
+    return tf.concat([size, pngs], axis=0)
 
 
 def histogram_buckets(values: np.ndarray, bins: int = 30) -> np.ndarray:
@@ -68,6 +78,14 @@ class Summaries:
             with writer.as_default(step=step):
                 for key, value in values.items():
                     tf.summary.write(key, histogram_buckets(value), metadata=_HISTOGRAM)
+
+    def images(self, split: str, step: int, values: dict) -> None:
+        """`{tag: [k, h, w, c] floats in [0, 1]}` for TensorBoard's images dashboard."""
+        writer = self.writers.get(split)
+        if writer:
+            with writer.as_default(step=step):
+                for key, value in values.items():
+                    tf.summary.write(key, image_tensor(value), metadata=_IMAGE)
 
     def close(self) -> None:
         for writer in self.writers.values():
