@@ -248,10 +248,10 @@ class RequestLog:
                         self._count(model, "written", count)
                 now = time.time()
                 self._close_due(now)
-                if time.monotonic() >= next_poll:
+                self._retention(now)
+                if self.poll_seconds > 0 and time.monotonic() >= next_poll:  # <= 0: read once, as the config file
                     next_poll = time.monotonic() + self.poll_seconds
                     self.reload_settings()
-                    self._retention(now)
             except Exception:  # noqa: BLE001 - the writer must outlive anything
                 log.exception("request log writer")
             if stopping:
