@@ -23,6 +23,7 @@ from components.trainer import Trainer
 from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
+from serving.request_log_config import request_log_dir
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -124,8 +125,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     target = tracking_target(config)
     trainer, evaluator = _training(config, target, example_gen, schema_gen, example_validator)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
-    pusher, baseline_recorder, serving_configs = _delivery(config, target, trainer, evaluator, statistics_gen,
-                                                           schema_gen)
+    pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
+                                                           statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
                   baseline_recorder, serving_configs]
     if target:
@@ -202,7 +203,7 @@ def _training(config: LooplineConfig, target, example_gen, schema_gen, example_v
     return trainer, evaluator
 
 
-def _delivery(config: LooplineConfig, target, trainer, evaluator, statistics_gen, schema_gen):
+def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, statistics_gen, schema_gen):
     """The Pusher (a new version, then retention: it keeps what the registry at `target` points
     to), the BaselineRecorder (a pushed model's data becomes the baseline the next runs are
     checked against) and the ServingConfigs writer."""
@@ -219,12 +220,14 @@ def _delivery(config: LooplineConfig, target, trainer, evaluator, statistics_gen
         schema=schema_gen.outputs["schema"],
         pushed_model=pusher.outputs["pushed_model"],
         baseline_dir=data_baseline_dir(config),
+        examples=example_gen.outputs["examples"],  # the pushed model's eval predictions, for `loopline monitor`
     )
     # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
-    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
+    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching", "request_log"})
     serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
                                      serving_root=os.path.dirname(serving_base(config)),
-                                     serving_config=serving_files)
+                                     serving_config=serving_files,
+                                     request_log_dir=request_log_dir(config.pipeline.root))
     return pusher, baseline_recorder, serving_configs
 
 

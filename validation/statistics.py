@@ -221,19 +221,28 @@ class FeatureSummary:
         return common
 
 
+def summarize(records: list[bytes], decoder=None) -> tuple[int, dict[str, FeatureSummary]]:
+    """(examples, {feature: FeatureSummary}) of one batch of serialized tf.Examples."""
+    decoder = decoder or example_coder.ExamplesToRecordBatchDecoder()
+    try:
+        batch = decoder.DecodeBatch(records)
+    except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
+        raise ValueError(f"examples disagree on a feature's type: {exc}") from None
+    features = {}
+    for name, array in zip(batch.schema.names, batch.columns):
+        features[name] = FeatureSummary()
+        features[name].add(name, array)
+    return batch.num_rows, features
+
+
 def read_summaries(files: list[str], batch_size: int = 4096):
     """(examples, {feature: FeatureSummary}) per batch of GZIP TFRecords of tf.Examples."""
     decoder = example_coder.ExamplesToRecordBatchDecoder()
     for records in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size).as_numpy_iterator():
         try:
-            batch = decoder.DecodeBatch(list(records))
-        except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
-            raise ValueError(f"{files}: examples disagree on a feature's type: {exc}") from None
-        features = {}
-        for name, array in zip(batch.schema.names, batch.columns):
-            features[name] = FeatureSummary()
-            features[name].add(name, array)
-        yield batch.num_rows, features
+            yield summarize(list(records), decoder)
+        except ValueError as exc:
+            raise ValueError(f"{files}: {exc}") from None
 
 
 def merge_summaries(parts) -> tuple[int, dict[str, FeatureSummary]]:
@@ -352,6 +361,37 @@ def compute_statistics(file_pattern: str, name: str) -> statistics_pb2.DatasetFe
         return to_statistics(name, *merge_summaries(read_summaries(split_files(file_pattern))))
     except ValueError as exc:
         raise ValueError(f"{file_pattern}: {exc}") from None
+
+
+class ExampleStatistics:
+    """Statistics of serialized tf.Examples given one at a time (e.g. the requests a server
+    logged), summarized in batches and merged as a split's files are: memory holds one batch.
+    Examples from several clients may disagree on a number's type: that feature is then FLOAT."""
+
+    def __init__(self, batch_size: int = 4096):
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder()
+        self._batch: list[bytes] = []
+        self._batch_size = batch_size
+        self._merged: tuple[int, dict[str, FeatureSummary]] = (0, {})
+
+    def add(self, serialized: bytes) -> None:
+        self._batch.append(serialized)
+        if len(self._batch) >= self._batch_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        try:
+            parts = [summarize(self._batch, self._decoder)]
+        except ValueError:  # clients sent a feature as int64 and as float: one at a time, merged as FLOAT
+            parts = [summarize([record], self._decoder) for record in self._batch]
+        self._merged = merge_summaries([self._merged, *parts])
+        self._batch = []
+
+    def result(self, name: str) -> statistics_pb2.DatasetFeatureStatistics:
+        self._flush()
+        return to_statistics(name, *self._merged)
 
 
 class StatisticsCombineFn(beam.CombineFn):
