@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
+from ingestion.csv_options import CsvOptions
 from pipeline.config import LooplineConfig
 from serving import signature_names as names
 from serving.model_config import labelled_or_latest_version
@@ -77,17 +78,17 @@ def data_files(pattern: str, data_format: str) -> list[str]:
 Batch = tuple[pa.Table, list[bytes]]
 
 
-def _csv_batches(path: str, kinds: dict[str, str], batch_size: int) -> Iterator[Batch]:
-    """The CSV's cells as read (strings, null when empty), encoded by the model's feature kinds
-    with the pipeline's CSV rules (ingestion.csv_records): a cell that is not its kind's number
-    is an error naming the column."""
+def _csv_batches(path: str, kinds: dict[str, str], batch_size: int, options: CsvOptions) -> Iterator[Batch]:
+    """The CSV's cells as read (strings, null when missing), encoded by the model's feature kinds
+    with the pipeline's CSV rules (ingestion.csv_records and data.na_values / delimiter /
+    encoding): a cell that is not its kind's number is an error naming the column."""
     from ingestion import csv_records
     from tfx_bsl.coders.csv_decoder import ColumnType
 
     types = {"int64": ColumnType.INT, "float32": ColumnType.FLOAT}
-    header = csv_records.read_header(path)
+    header, options = csv_records.read_header(path, options)
     features = [c for c in header if c in kinds]
-    for block in csv_records.read_batches(path, header):
+    for block in csv_records.read_batches(path, header, options):
         for start in range(0, block.num_rows, batch_size):
             batch = block.slice(start, batch_size)
             selected = pa.RecordBatch.from_arrays([batch.column(c) for c in features], names=features)
@@ -150,14 +151,15 @@ def _image_batches(files: list[str], batch_size: int) -> Iterator[Batch]:
         yield table, [image_record(p)[0] for p in chunk]
 
 
-def read_data(pattern: str, data_format: str, kinds: dict[str, str], batch_size: int) -> Iterator[Batch]:
+def read_data(pattern: str, data_format: str, kinds: dict[str, str], batch_size: int,
+              csv_options: CsvOptions | None = None) -> Iterator[Batch]:
     files = data_files(pattern, data_format)
     if data_format == "image_folder":
         yield from _image_batches(files, batch_size)
         return
     for path in files:
         if data_format == "csv":
-            yield from _csv_batches(path, kinds, batch_size)
+            yield from _csv_batches(path, kinds, batch_size, csv_options or CsvOptions())
         elif data_format == "tfrecord":
             yield from _tfrecord_batches(path, batch_size)
         elif data_format == "parquet":
@@ -268,7 +270,8 @@ def infer(config: LooplineConfig, data: str, output: str, version: int | None = 
     try:
         with signature_caller(path, signature) as call, \
                 tqdm(unit=" examples", file=sys.stderr, disable=not progress, desc=f"infer v{version}") as bar:
-            for table, records in read_data(data, data_format or config.data.format, description["features"], batch_size):
+            for table, records in read_data(data, data_format or config.data.format, description["features"], batch_size,
+                                               config.data.csv_options()):
                 outputs = call({names.INPUTS: np.array(records, dtype=object)})
                 for name, column in prediction_columns(outputs, keys, heads, len(records)).items():
                     table = table.append_column(name, column)
