@@ -136,8 +136,11 @@ def cmd_serve(args) -> int:
     if not os.path.isdir(serving_root):
         raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
     args.log.open(config)
+    from serving.request_log_config import request_log_dir, write_request_log_file
     from serving.server import serve_forever
 
+    # serving.request_log as given here, beside models.config; the server polls it for later changes
+    write_request_log_file(serving_root, serving.request_log, request_log_dir(config.pipeline.root))
     return serve_forever(serving_root, serving)
 
 
@@ -203,6 +206,39 @@ def cmd_predict(args) -> int:
         return 1
     finally:
         client.close()
+    return 0
+
+
+def cmd_monitor(args) -> int:
+    """Served requests of a window against the served version's training data (docs/monitoring.md)."""
+    import time
+
+    config = _config(args)
+    from pipeline.monitor import monitor, parse_window, result_lines
+    from pipeline.monitor_labels import read_labels
+
+    try:  # a bad argument is exit code 2, not the 1 of a crossed threshold
+        window = parse_window(args.since, args.until, time.time())
+        labels = read_labels(args.labels) if args.labels else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    result = monitor(config, window, labels)
+    print("\n".join(result_lines(result, config.serving.model_name)))
+    return 0 if result.passed else 1
+
+
+def cmd_infer(args) -> int:
+    """Batch inference through the server's signature code, into a Parquet or CSV file."""
+    config = _config(args)
+    from pipeline.infer import infer
+
+    result = infer(config, args.data, args.output, args.version, args.format, args.batch_size, not args.no_progress)
+    print("\n".join([
+        f"infer      {result.examples} examples with {config.serving.model_name} version {result.version} "
+        f"in {result.seconds:.1f}s ({result.examples_per_second:,.0f} examples/s)",
+        f"output     {result.output}",
+        f"mlflow     {'run ' + result.run_id if result.run_id else 'not recorded (mlflow.enabled is false)'}",
+    ]))
     return 0
 
 
@@ -349,6 +385,28 @@ def _serving_commands(sub) -> None:
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
     predict.set_defaults(func=cmd_predict)
+    _monitoring_commands(sub)
+
+
+def _monitoring_commands(sub) -> None:
+    monitor = sub.add_parser("monitor", help="check logged requests of a time window against the served version's "
+                                             "training data; exit 1 when a threshold is crossed")
+    _common(monitor)
+    monitor.add_argument("--since", default=None, help="window start: ISO 8601 time (2026-12-01T00:00:00Z) or a "
+                                                       "duration before --until (P1D, PT6H); default P1D")
+    monitor.add_argument("--until", default=None, help="window end, ISO 8601 time (default: now)")
+    monitor.add_argument("--labels", default=None, help="CSV or Parquet of request_id and true labels: live metrics")
+    monitor.set_defaults(func=cmd_monitor)
+    infer = sub.add_parser("infer", help="predict a dataset with the champion (or --version) into a Parquet or CSV file")
+    _common(infer)
+    infer.add_argument("data", help="a file or glob of data.format (CSV, TFRecord, Parquet), or an image folder")
+    infer.add_argument("--output", required=True, help="the predictions: .parquet or .csv (local or gs://)")
+    infer.add_argument("--version", type=int, default=None, help="serving version (default: the champion)")
+    infer.add_argument("--format", default=None, choices=["csv", "tfrecord", "parquet", "image_folder"],
+                       help="default: data.format")
+    infer.add_argument("--batch-size", type=int, default=4096, help="examples per model call (default 4096)")
+    infer.add_argument("--no-progress", action="store_true", help="no progress bar")
+    infer.set_defaults(func=cmd_infer)
 
 
 def _registry_commands(sub) -> None:

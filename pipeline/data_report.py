@@ -12,6 +12,7 @@ from tensorflow_metadata.proto.v0 import anomalies_pb2
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import metadata_path
 from pipeline.run_metadata import newest_finished_run, open_store, run_artifacts
+from trainer.predicted import EVAL_PREDICTIONS
 from validation.anomalies import ANOMALIES_FILE, problems_of, read_anomalies
 from validation.baseline import read_baseline_folder
 from validation.report import BaselineView, write_report
@@ -39,7 +40,8 @@ def _baseline_view(config: LooplineConfig, anomalies_artifact, anomalies: dict, 
             for m in info.drift_measurements:
                 drift[(split, "/".join(info.path.step))] = (MEASURES.get(m.type, "?"), m.value, m.threshold)
     new_schema = infer_schema(stats[TRAIN] if TRAIN in stats else next(iter(stats.values())), config.validation)
-    return BaselineView(props["baseline"].string_value, baseline.statistics, drift,
+    data_splits = {k: v for k, v in baseline.statistics.items() if k != EVAL_PREDICTIONS}  # the model's, not data
+    return BaselineView(props["baseline"].string_value, data_splits, drift,
                         schema_changes(baseline.schema, new_schema))
 
 

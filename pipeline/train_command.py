@@ -55,7 +55,7 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
         raise ConfigError(f"loopline train reads one CSV file itself, not a glob ({config.data.path}); run the "
                           "pipeline, or give --train and --eval (ExampleGen's GZIP TFRecord splits)")
 
-    return csv_to_tfrecords(config.data.path, data_dir)
+    return csv_to_tfrecords(config.data.path, data_dir, config.data.csv_options())
 
 
 def run_train(config: LooplineConfig, work_dir: str | None = None, train: str | None = None,

@@ -6,6 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.request_log_config import RequestLogConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -59,6 +61,9 @@ class ServingConfig(_Section):
     # cores: p50 ~0.15 ms lower at 1 client, ~40% more requests/s at 16). None: all CPUs.
     cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
     batching: BatchingConfig = BatchingConfig()
+    request_log: RequestLogConfig = Field(RequestLogConfig(), description=(
+        "Request logging: PredictionLog records of served requests under <pipeline.root>/request_logs "
+        "(docs/monitoring.md)."))
     allowed_base_paths: list[str] | None = Field(
         None, description="Base paths (folders or URIs, and what is inside them) that a model config sent over the "
         "network (ModelService.HandleReloadConfigRequest) may name; a config naming any other is refused whole. "

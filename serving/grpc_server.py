@@ -9,7 +9,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from serving import service
+from serving import request_ids, service
 from serving.config import ServingConfig
 from serving.errors import ServingError
 from serving.manager import ModelManager
@@ -32,6 +32,8 @@ def _handler(method: str, work):
         started = time.perf_counter()
         code = "OK"
         try:
+            # The client's x-request-id (or a new one), returned in the trailing metadata.
+            context.set_trailing_metadata(((request_ids.HEADER, request_ids.from_grpc(context)),))
             return work(self.manager, request)
         except ServingError as exc:
             code = exc.code.name

@@ -24,6 +24,7 @@ from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
 from serving.model_config import is_remote, model_config_path, path_is_under, resolved_path
 from serving.options import ServerOptions
+from serving.request_log import OFF
 from serving.servable import Servable, graph_error
 from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
@@ -98,6 +99,7 @@ class ModelManager:
         self.source = StoragePathSource(options.models_config, self.apply_operator_config, self.reconcile,
                                         options.config_poll_seconds, options.version_poll_seconds, options.model_config)
         self.max_elements = max(1, config.max_request_bytes)  # no element is smaller than a byte
+        self.request_log = OFF  # the server's serving.request_log.RequestLog; the API code logs answers to it
 
     # -- configuration -------------------------------------------------------------------------
     def allowed_base_paths(self) -> list[str]:
@@ -145,6 +147,7 @@ class ModelManager:
         (UpdateModelVersionLabelMap: before loading with TF Serving's rules, after with loopline's),
         loads what it asks for; over the network, answers UNKNOWN when a model it adds fails to load."""
         entries = self._checked_entries(server_config, from_network)
+        self.request_log.configure_models(entries)  # a logging_config loopline cannot honour refuses it all
         if not from_network:
             self._operator_paths = [e.base_path for e in entries.values()]
         tf_rules = self.options.tf_serving_rules

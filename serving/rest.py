@@ -34,7 +34,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serving import json_codec, rules, service
+from serving import json_codec, request_ids, rules, service
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid
 from serving.manager import ModelManager
@@ -79,6 +79,7 @@ def predict(manager: ModelManager, spec, body: bytes) -> dict:
                                                    spec.signature_name)
     with manager.resolve(spec) as servable:
         outputs = service.run_predict(servable, spec.signature_name, inputs, (), manager.method_check)
+    manager.request_log.log_predict(spec, servable.version, inputs, outputs)
     return json_codec.predict_answer(outputs, row_format)
 
 
@@ -157,11 +158,12 @@ class RestApp:
         self.in_flight = 0  # only touched on the event loop's thread
         self.headers = _CORS_HEADERS if self.options.rest_cors else []
 
-    def answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
+    def answer(self, method: str, path: str, body: bytes, too_large: bool, request_id: str = "") -> tuple[int, bytes, str]:
         started = time.perf_counter()
         name, verb = _metric_labels(method, path)
         code = "OK"
         try:
+            request_ids.begin(request_id)  # checked, and CURRENT in the thread that answers
             if too_large:
                 raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                    f"request body is over the limit of {self.config.max_request_bytes} bytes "
@@ -191,19 +193,22 @@ class RestApp:
             status, payload = _preflight(scope)
             return await _send(send, status, payload, "application/json", extra=self.headers)
         body, too_large = await _read_body(receive, self.config.max_request_bytes)
+        request_id = request_ids.from_asgi(scope["headers"])  # returned in the answer's x-request-id
         self.in_flight += 1
         try:
             await asyncio.sleep(0)  # requests that arrived with this one count themselves in first
-            status, payload, content_type = await self._answer(method, path, body, too_large)
+            status, payload, content_type = await self._answer(method, path, body, too_large, request_id)
         finally:
             self.in_flight -= 1
-        await _send(send, status, payload, content_type, close=too_large, extra=self.headers)
+        await _send(send, status, payload, content_type, close=too_large,
+                    extra=[*self.headers, *request_ids.answer_header(request_id)])
 
-    async def _answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
+    async def _answer(self, method: str, path: str, body: bytes, too_large: bool, request_id: str) -> tuple[int, bytes, str]:
         timeout_ms = self.options.rest_timeout_ms
         if self.in_flight == 1 and not timeout_ms:
-            return self.answer(method, path, body, too_large)
-        work = asyncio.get_running_loop().run_in_executor(self.pool, self.answer, method, path, body, too_large)
+            return self.answer(method, path, body, too_large, request_id)
+        work = asyncio.get_running_loop().run_in_executor(self.pool, self.answer, method, path, body, too_large,
+                                                          request_id)
         if not timeout_ms:
             return await work
         try:

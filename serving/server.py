@@ -4,6 +4,7 @@ Serving's command line (serving.tf_serving_flags)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -13,6 +14,7 @@ from serving.grpc_server import start_grpc
 from serving.manager import ModelManager
 from serving.metrics import Metrics
 from serving.options import ServerOptions
+from serving.request_log import RequestLog
 from serving.rest import start_rest
 
 log = logging.getLogger("loopline.serving")
@@ -38,11 +40,16 @@ class ModelServer:
         self.metrics = Metrics()
         self.manager = ModelManager(serving_root, config, models_config, self.metrics, options)
         self.options = self.manager.options
+        config_dir = os.path.dirname(self.options.models_config) if self.options.models_config else None
+        self.request_log = RequestLog(config_dir, self.metrics, self.options.config_poll_seconds,
+                                      self.options.saved_model_tags)
+        self.manager.request_log = self.request_log
         self.grpc_port = self.rest_port = None
         self._grpc = self._rest = None
 
     def start(self) -> "ModelServer":
         configure_tensorflow(self.config)
+        self.request_log.start()  # its settings before models.config's logging_config meets them
         try:
             self.manager.start()  # loads and warms what the config names before accepting requests
             if self.options.tf_serving_rules:
@@ -72,6 +79,7 @@ class ModelServer:
             self._rest.shutdown()
         if self._grpc:
             self._grpc.stop(grace).wait(grace)
+        self.request_log.stop()  # writes what is queued and publishes the open files
 
     def addresses(self) -> str:
         """Where it serves, for the line printed once it is serving."""

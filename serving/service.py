@@ -2,7 +2,8 @@
 (and the warmup replay): one implementation of each API. The request rules are TF Serving's
 (serving/rules.py); a request first resolves its model spec to a loaded version (the manager),
 then runs on it (the `*_on` functions, which warmup calls directly, as TF Serving's warmup calls
-RunPredict/RunClassify on the bundle being loaded)."""
+RunPredict/RunClassify on the bundle being loaded); an answered request is handed to the request
+log (serving/request_log.py), which samples it. Warmup replays are not: they go to `*_on`."""
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -65,7 +66,9 @@ def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool
 def predict(manager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return predict_on(servable, request, manager.method_check, manager.options.tensor_content)
+        response = predict_on(servable, request, manager.method_check, manager.options.tensor_content)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- Classify and Regress --------------------------------------------------------------------------
@@ -101,13 +104,17 @@ def regress_on(servable, request, method_check: bool) -> regression_pb2.Regressi
 def classify(manager, request) -> classification_pb2.ClassificationResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return classify_on(servable, request, manager.method_check)
+        response = classify_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 def regress(manager, request) -> regression_pb2.RegressionResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return regress_on(servable, request, manager.method_check)
+        response = regress_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- MultiInference --------------------------------------------------------------------------------
@@ -134,7 +141,9 @@ def multi_inference(manager, request) -> inference_pb2.MultiInferenceResponse:
     # RunMultiInferenceWithServerCore: the version comes from the first task's spec (none: no name).
     spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
     with manager.resolve(spec) as servable:
-        return multi_inference_on(servable, request, manager.method_check)
+        response = multi_inference_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- GetModelMetadata, GetModelStatus --------------------------------------------------------------
