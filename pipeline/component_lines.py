@@ -54,9 +54,10 @@ class _Watcher(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.INFO:
             return True
-        if record.msg in (RUNNING, FINISHED) and len(record.args) == 1:
-            node = str(record.args[0])
-            self.started(node) if record.msg == RUNNING else self.finished(node)
+        if record.msg == RUNNING and len(record.args) == 1:
+            self.started(str(record.args[0]))
+        elif record.msg == FINISHED and len(record.args) == 1:
+            self.finished(str(record.args[0]))
         return False
 
     def started(self, node: str) -> None:
@@ -96,7 +97,9 @@ def component_figure(config: LooplineConfig, run_id: str, node: str) -> str:
     state, outputs = found
     words = [_figure(type_name, artifact, config) for type_name, artifact in outputs.items()]
     text = "; ".join(w for w in words if w)
-    return f"cached; {text}" if state == "CACHED" and text else ("cached" if state == "CACHED" else text)
+    if state == "CACHED":
+        return f"cached; {text}" if text else "cached"
+    return text
 
 
 def _figure(type_name: str, artifact, config: LooplineConfig) -> str:

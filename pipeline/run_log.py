@@ -2,7 +2,7 @@
 `<pipeline.root>/logs/<command>-<time>.log` for the others.
 
 From `CommandLog.open` on, the process's standard error goes to the log at the file-descriptor
-level, so it holds every line the command wrote before: TensorFlow's C++ lines (printed before
+level, so it holds every line the process writes there: TensorFlow's C++ lines (printed before
 absl starts, and later at the first op, which no Python setting stops), library warnings, MLflow's
 lines, every log record. The terminal gets pipeline.console's short lines. With `verbose` (`-v`)
 the log is also copied to the terminal as it is written. On a remote root the log is written to a
@@ -32,8 +32,9 @@ def new_run_id() -> str:
     return datetime.datetime.now().isoformat()
 
 
-def log_name(command: str, run_id: str) -> str:
-    return f"{run_id}.log" if command == "run" else f"{command}-{run_id}.log"
+def log_name(command: str, started: str) -> str:
+    """`started`: the run id for `run`, the start time (the same format) for the others."""
+    return f"{started}.log" if command == "run" else f"{command}-{started}.log"
 
 
 class CommandLog:
