@@ -8,6 +8,7 @@ import sys
 
 from pipeline.config import ConfigError, load_config
 from pipeline.run_lock import RunLockedError
+from pipeline.run_log import CommandLog, new_run_id
 from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
@@ -20,6 +21,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set trainer.epochs=5 (repeatable)")
 
 
+def _logged(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the whole log (<pipeline.root>/logs/...) to the terminal")
+
+
 def _config(args):
     path = args.config
     if path is None and os.path.isfile(DEFAULT_CONFIG):
@@ -29,10 +35,14 @@ def _config(args):
 
 def cmd_run(args) -> int:
     config = _config(args)  # before TensorFlow loads: a bad config costs one line and no wait
+    run_id = new_run_id()
+    console = args.log.open(config, run_id)
+    from pipeline.component_lines import component_lines
     from pipeline.local_runner import run_local
 
-    summary = run_local(config)
-    print("\n".join(["", "loopline run finished", *summary.lines()]))
+    with component_lines(config, run_id, console):
+        summary = run_local(config, run_id=run_id)
+    print("\n".join(["", "loopline run finished", *summary.lines(), f"log        {args.log.path}"]))
     return 0
 
 
@@ -52,25 +62,31 @@ def cmd_compile(args) -> int:
 
 
 def cmd_data_report(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from pipeline.data_report import data_report
 
-    path = data_report(_config(args), args.out)
+    path = data_report(config, args.out)
     print(f"data report: {path}")
     return 0
 
 
 def cmd_data_accept(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from pipeline.data_accept import accept_data
 
-    print("\n".join(accept_data(_config(args))))
+    print("\n".join(accept_data(config)))
     return 0
 
 
 def cmd_train(args) -> int:
     """The trainer alone, for fast iteration and for the TFJob: on TFRecord splits, or data.path."""
+    config = _config(args)
+    args.log.open(config)
     from pipeline.train_command import run_train
 
-    outcome = run_train(_config(args), args.work_dir, args.train, args.eval)
+    outcome = run_train(config, args.work_dir, args.train, args.eval)
     where = f"; model in {outcome.model_dir}" if outcome.model_dir else " (not the chief: no export)"
     print(f"loopline train: {outcome.steps} steps; checkpoints and TensorBoard under {outcome.work_dir}{where}")
     print(" ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()))
@@ -113,15 +129,16 @@ def cmd_serve(args) -> int:
     config = _config(args)
     serving = config.serving
     _prepare_serving_process(serving)
-    from serving.request_log_config import request_log_dir, write_request_log_file
-    from serving.server import serve_forever
-
     for key in ("host", "grpc_port", "rest_port"):
         if getattr(args, key) is not None:
             setattr(serving, key, getattr(args, key))
     serving_root = args.serving_root or _serving_root(config)
     if not os.path.isdir(serving_root):
         raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
+    args.log.open(config)
+    from serving.request_log_config import request_log_dir, write_request_log_file
+    from serving.server import serve_forever
+
     # serving.request_log as given here, beside models.config; the server polls it for later changes
     write_request_log_file(serving_root, serving.request_log, request_log_dir(config.pipeline.root))
     return serve_forever(serving_root, serving)
@@ -157,10 +174,11 @@ def tf_serving_main(argv: list[str] | None = None) -> int:
 
 
 def cmd_predict(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from serving.client import (IMAGE_SUFFIXES, GrpcClient, RestClient, predict_images, predict_rows, read_rows,
                                 wait_until_serving)
 
-    config = _config(args)
     serving = config.serving
     host = args.host or serving.host
     model = args.model or serving.model_name
@@ -296,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _pipeline_commands(sub) -> None:
     run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
     _common(run)
+    _logged(run)
     run.set_defaults(func=cmd_run)
     compile_ = sub.add_parser("compile", help="write the pipeline spec for Kubeflow Pipelines / Vertex AI Pipelines")
     _common(compile_)
@@ -313,16 +332,19 @@ def _data_commands(sub) -> None:
     report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies, "
                                             "next to its baseline's")
     _common(report)
+    _logged(report)
     report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
     report.set_defaults(func=cmd_data_report)
     accept = data.add_parser("accept", help="make the data of the newest run, stopped by data validation, the new baseline")
     _common(accept)
+    _logged(accept)
     accept.set_defaults(func=cmd_data_accept)
 
 
 def _training_commands(sub) -> None:
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
+    _logged(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
     train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path (CSV or image folder)")
     train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
@@ -343,6 +365,7 @@ def _serving_commands(sub) -> None:
                                   "--model_config_file=...): `tensorflow_model_server --help` lists them. With them "
                                   "the server binds all interfaces, as TF Serving does.")
     _common(serve)
+    _logged(serve)
     serve.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port (0: any free port)")
     serve.add_argument("--rest-port", type=int, default=None, help="default: serving.rest_port (0: any free port)")
     serve.add_argument("--host", default=None, help="address to bind (default: serving.host, 127.0.0.1)")
@@ -350,6 +373,7 @@ def _serving_commands(sub) -> None:
     serve.set_defaults(func=cmd_serve)
     predict = sub.add_parser("predict", help="send rows (JSON or CSV) to a running server and print predictions")
     _common(predict)
+    _logged(predict)
     predict.add_argument("input", nargs="+", help="rows: a .csv with a header, a JSON list of objects, or JSON "
                          "lines; or image files (.png, .jpg...), sent as tf.Examples with feature 'image'")
     predict.add_argument("--model", default=None, help="default: serving.model_name")
@@ -412,10 +436,14 @@ def _quiet_libraries() -> None:
     """Our progress at INFO; TFX, Beam and TensorFlow only when they warn."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's own handler writes to whatever sys.stderr is at the time, the terminal under a
+    # command log: its records go through the root handler (the log) instead.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropMessages())
-    logging.getLogger("loopline").setLevel(logging.INFO)
+    for name in ("loopline", "mlflow"):
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         from absl import logging as absl_logging
 
@@ -424,8 +452,22 @@ def _quiet_libraries() -> None:
         pass
 
 
-def _stop_message(exc: Exception) -> str | None:
-    """The report for errors that stop a run by design (bad data, a failed parity gate).
+def _failure(exc: BaseException, logged: bool) -> tuple[int, str | None]:
+    """The exit code and the one line for an error; no line: the traceback is shown."""
+    if isinstance(exc, (ConfigError, FileNotFoundError)):
+        return 2, f"loopline: error: {exc}"
+    if isinstance(exc, RunLockedError):
+        return EXIT_LOCKED, f"loopline: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "loopline: interrupted"
+    if not isinstance(exc, Exception):  # SystemExit
+        return 1, None
+    return 1, _stop_message(exc, logged)
+
+
+def _stop_message(exc: Exception, logged: bool) -> str | None:
+    """The report for errors that stop a run by design (bad data, a failed parity gate), and for
+    any other error of a command with a log (the traceback is there).
     Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
     from tracking.registration import RegistryUnavailableError
     from trainer.tflite import ParityError
@@ -440,8 +482,8 @@ def _stop_message(exc: Exception) -> str | None:
     # Our own checks raise ValueError with a message naming what is wrong (a label of the wrong
     # kind, jit_compile with string features...); OSError is e.g. a port already in use.
     if isinstance(exc, (ValueError, OSError)):
-        return f"loopline: error: {exc} (LOOPLINE_TRACEBACK=1 shows where)"
-    return None
+        return f"loopline: error: {exc}" + ("" if logged else " (LOOPLINE_TRACEBACK=1 shows where)")
+    return f"loopline: error: {type(exc).__name__}: {exc}" if logged else None
 
 
 def _parse(argv: list[str] | None):
@@ -463,23 +505,20 @@ def _parse(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     _quiet_libraries()
+    # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).
+    log = args.log = CommandLog("-".join(filter(None, [args.command, getattr(args, "data_command", None)])),
+                                verbose=getattr(args, "verbose", False))
     try:
-        return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"loopline: error: {exc}", file=sys.stderr)
-        return 2
-    except RunLockedError as exc:
-        print(f"loopline: {exc}", file=sys.stderr)
-        return EXIT_LOCKED
-    except KeyboardInterrupt:
-        print("loopline: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        message = _stop_message(exc)
+        code = args.func(args)
+    except BaseException as exc:
+        code, message = _failure(exc, logged=log.path is not None)
+        log.close(None if isinstance(exc, SystemExit) else exc, message, discard=isinstance(exc, ConfigError))
         if message is None:
             raise
-        print(message, file=sys.stderr)
-        return 1
+        print(message + (f" (log: {log.path})" if log.path else ""), file=sys.stderr)
+        return code
+    log.close()
+    return code
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ class PipelineSection(_Section):
         600, ge=0, description="How long `loopline run` and `loopline data accept` wait for another run holding the "
         "lock on the same ML Metadata file (`<metadata file>.lock`) before stopping with one line naming it; "
         "0: do not wait.")
+    keep_logs: int = Field(
+        20, ge=1, description="Logs kept under `<root>/logs` for each command (run, train, serve, predict, "
+        "data-report, data-accept); a command that ends removes its older ones.")
 
 
 # `data.schema` shadows pydantic's deprecated `BaseModel.schema()`, which nothing here uses.

@@ -2,7 +2,6 @@
 per metadata file (pipeline.run_lock), and reads that run (not simply the newest) back."""
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -18,6 +17,7 @@ from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
 from pipeline.run_lock import run_lock
+from pipeline.run_log import new_run_id
 from pipeline.run_metadata import mark_finished, open_store, run_artifacts, run_context
 
 log = logging.getLogger("loopline")
@@ -133,16 +133,16 @@ class _RunWithId(LocalDagRunner):
         return super().run_with_ir(pipeline, run_options=run_options)
 
 
-def run_local(config: LooplineConfig) -> RunSummary:
+def run_local(config: LooplineConfig, run_id: str | None = None) -> RunSummary:
     """Runs the pipeline under the run lock (the ServingConfigs step writes TF Serving's files
-    beside a pushed model) and summarizes this run."""
+    beside a pushed model) and summarizes this run; `run_id`: default, the time it starts."""
     import tensorflow as tf
 
     check_data(config)
     tf.io.gfile.makedirs(config.pipeline.root)
     metadata_file = metadata_path(config)
     os.makedirs(os.path.dirname(metadata_file), exist_ok=True)  # SQLite: always local
-    run_id = datetime.datetime.now().isoformat()  # LocalDagRunner's own format
+    run_id = run_id or new_run_id()
     with run_lock(metadata_file, f"loopline run {run_id}", config.pipeline.lock_wait_seconds):
         outcome = "failed: interrupted"  # a KeyboardInterrupt passes the `except` below
         try:

@@ -58,6 +58,25 @@ def mark_finished(store, run_id: str, outcome: str) -> None:
     store.put_contexts([context])
 
 
+def node_outputs(store, run_id: str, pipeline_name: str, node_id: str) -> tuple[str, dict] | None:
+    """One component's newest execution in a run: its state name (COMPLETE, CACHED...) and its
+    output artifacts ({type name: artifact}); None when it has none in that run."""
+    run = run_context(store, run_id)
+    node = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")
+    if run is None or node is None:
+        return None
+    ours = {e.id for e in store.get_executions_by_context(node.id)}
+    executions = [e for e in store.get_executions_by_context(run.id) if e.id in ours]
+    if not executions:
+        return None
+    execution = max(executions, key=lambda e: e.id)
+    output_ids = [e.artifact_id for e in store.get_events_by_execution_ids([execution.id])
+                  if e.type == metadata_store_pb2.Event.OUTPUT]
+    types = {t.id: t.name for t in store.get_artifact_types()}
+    outputs = {types[a.type_id]: a for a in store.get_artifacts_by_id(output_ids)}
+    return metadata_store_pb2.Execution.State.Name(execution.last_known_state), outputs
+
+
 def run_artifacts(store, run: metadata_store_pb2.Context) -> dict[str, metadata_store_pb2.Artifact]:
     """The run's newest artifact of each type ({type name: artifact})."""
     types = {t.id: t.name for t in store.get_artifact_types()}

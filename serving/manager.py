@@ -30,6 +30,7 @@ from serving.storage_source import StoragePathSource, aspired_versions, folder_f
 from serving.warmup import warm_up
 
 log = logging.getLogger("loopline.serving")
+versions_log = logging.getLogger("loopline.serving.versions")  # `loopline serve` shows these on the terminal
 
 
 class Failure(NamedTuple):
@@ -228,8 +229,8 @@ class ModelManager:
             with self._lock:
                 state.failed.pop(version, None)
                 state.loaded[version] = servable
-            log.info("model %s version %d loaded and serving (folder %s, signatures called through %s)", name, version,
-                     path, servable.call_mode)
+            versions_log.info("model %s version %d loaded and serving (folder %s, signatures called through %s)", name,
+                              version, path, servable.call_mode)
         loaded_wanted = [v for v in wanted if v in state.loaded]
         if not loaded_wanted:
             return  # availability first: never unload the last working version for a broken one
@@ -243,7 +244,7 @@ class ModelManager:
             if not servable.wait_idle(timeout=60):
                 log.warning("model %s version %d: requests still in flight after 60s; unloading", servable.name, servable.version)
             servable.unload()
-            log.info("model %s version %d unloaded", servable.name, servable.version)
+            versions_log.info("model %s version %d unloaded", servable.name, servable.version)
 
         threading.Thread(target=wait_and_unload, daemon=True).start()
 

@@ -89,6 +89,7 @@ class ServerProcess:
     """`loopline serve` in a child process on free ports; always stopped by `stop()`."""
 
     def __init__(self, workspace: Path, *overrides: str, grpc_port: int = 0, rest_port: int = 0, timeout: float = 90.0):
+        self.workspace = workspace
         self.log_path = workspace / f"server-{time.time_ns()}.log"
         args = [sys.executable, "-m", "pipeline.cli", "serve", "--config", str(REPO / "loopline.yaml"),
                 "--set", f"pipeline.root={workspace}", "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
@@ -121,9 +122,16 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def log(self) -> str:
+        """What the server wrote to its terminal (standard error)."""
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text()
+
+    def command_log(self) -> str:
+        """The server's command log (`<pipeline.root>/logs/serve-*.log`): everything, TensorFlow's lines included."""
+        found = sorted((self.workspace / "logs").glob("serve-*.log"))
+        assert len(found) == 1, found
+        return found[0].read_text()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

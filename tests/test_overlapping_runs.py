@@ -2,7 +2,9 @@
 person might: the first two take turns (the run lock), the third does not wait
 (`pipeline.lock_wait_seconds=0`) and stops with one line naming the run holding the root. Every
 version a summary reports is a folder holding that run's own model, no version is claimed twice,
-each pushed version is registered once, and MLflow tracking stays on for every training."""
+each pushed version is registered once, and MLflow tracking stays on for every training.
+What each run prints without a terminal is short: a line per component, a line per epoch, the
+summary; the detail is in the run's log."""
 from __future__ import annotations
 
 import re
@@ -32,6 +34,33 @@ def start_run(root: Path, seed: int, logs: Path, *extra: str) -> subprocess.Pope
 def summary_field(text: str, name: str) -> str | None:
     found = re.search(rf"^{name}\s+(\S+)", text, re.MULTILINE)
     return found.group(1) if found else None
+
+
+def check_terminal(out: str, err: str, epochs: int) -> None:
+    """No TensorFlow C++ line or warning on the terminal, one line per component with its figure,
+    at most 45 lines besides the epochs'; the run's log holds what the terminal left out."""
+    text = out + err
+    assert not re.search(r"^[IWE]\d{4} ", text, re.M), err  # I0000 ... cudart_stub, E0000 ... cuInit
+    assert "warning" not in text.lower(), err  # UserWarning (MLflow's), absl's start-up WARNING line
+    components = [c.split(":")[0] for c in summary_field_line(out, "components").split(", ")]
+    lines = dict(re.findall(r"^(\w+) +\d+\.\ds(.*)$", err, re.M))
+    assert list(lines) == components, err
+    version = summary_field(out, "version")
+    assert "344 rows (train 204, eval 140)" in lines["StatisticsGen"] and "blessed" in lines["Evaluator"]
+    assert lines["Pusher"].strip() == f"version {version}"
+    epoch_lines = re.findall(r"^epoch \d+/\d+ step", err, re.M)
+    assert len(epoch_lines) == epochs
+    assert len(text.splitlines()) - len(epoch_lines) <= 45, text
+    log = Path(summary_field(out, "log")).read_text()
+    assert re.search(r"^[IWE]\d{4} ", log, re.M)  # TensorFlow's C++ lines, caught at the file descriptor
+    for detail in ("loopline.pipeline: Trainer started", "loopline.trainer.progress: epoch 1/", "loopline.push: pushed",
+                   "loopline.pipeline: Pusher", "INFO mlflow.", "loopline: MLflow run"):
+        assert detail in log, detail
+    assert "type hints to the `predict` method" not in log  # MLflow's warning is not raised at all
+
+
+def summary_field_line(text: str, name: str) -> str:
+    return re.search(rf"^{name}\s+(.*)$", text, re.MULTILINE).group(1)
 
 
 def test_three_runs_at_once_on_one_root(tmp_path):
@@ -78,6 +107,8 @@ def test_three_runs_at_once_on_one_root(tmp_path):
     assert tagged == sorted(versions.values())  # each pushed version registered once
     for text in [*out.values(), *err.values()]:
         assert "tracking disabled" not in text
+    for seed in (1, 2):
+        check_terminal(out[seed], err[seed], epochs=1)
     print(f"\nthree overlapping runs: {wall:.0f} s wall, {cpu:.0f} CPU s in the runs; exit codes {codes}; "
           f"versions {versions}; registered {tagged}; lock line: {lock_line}")
     for seed in (1, 2):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -110,9 +111,12 @@ def rpc_code(call, *args) -> grpc.StatusCode:
 
 def test_served_through_a_session_without_onednn(server):
     """`loopline serve` turns oneDNN off before TensorFlow loads (TF announces it when on) and
-    calls the signatures through a Session, as TF Serving does."""
-    log = server.log()
-    assert "signatures called through session" in log
+    calls the signatures through a Session, as TF Serving does. The terminal shows one line per
+    loaded version; TensorFlow's C++ lines are in the command's log only."""
+    terminal, log = server.log(), server.command_log()
+    assert set(re.findall(r"^model (\S+) version 1 loaded and serving .*signatures called through session\)$",
+                          terminal, re.M)) == set(MODELS)
+    assert re.search(r"^[IWE]\d{4} ", log, re.M) and not re.search(r"^[IWE]\d{4} ", terminal, re.M)
     assert "oneDNN custom operations are on" not in log
 
 
@@ -409,13 +413,17 @@ def test_loopline_predict_over_grpc_and_rest(server, tmp_path):
     outputs = []
     for path, extra in ((rows, ["--port", str(server.grpc_port)]), (csv_rows, ["--rest", "--port", str(server.rest_port)])):
         done = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(path), "--model", "penguins",
-                               "--config", str(REPO / "loopline.yaml"), *extra],
+                               "--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path}", *extra],
                               capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
         assert done.returncode == 0, done.stderr
+        assert done.stderr == ""  # TensorFlow's start-up lines went to the command's log
         outputs.append(done.stdout.strip().splitlines())
     assert outputs[0] == outputs[1]
     assert outputs[0][0].startswith("row 0: body_mass_g=") and "class=" in outputs[0][0]
     bad = subprocess.run([sys.executable, "-m", "pipeline.cli", "predict", str(rows), "--model", "nope",
-                          "--port", str(server.grpc_port), "--config", str(REPO / "loopline.yaml")],
+                          "--port", str(server.grpc_port), "--config", str(REPO / "loopline.yaml"),
+                          "--set", f"pipeline.root={tmp_path}"],
                          capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO)
     assert bad.returncode == 1 and "NOT_FOUND" in bad.stderr
+    logs = [path.read_text() for path in (tmp_path / "logs").glob("predict-*.log")]
+    assert len(logs) == 3 and all(re.search(r"^[IWE]\d{4} ", text, re.M) for text in logs)

@@ -124,8 +124,8 @@ class Actions:
         self.summaries.scalars("eval", step, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
         write_images(self.summaries, step, self.run)
         run = self.run
-        _log_evaluation(step, run.steps_per_epoch, run.total_steps, run.config.epochs, self.since_eval,
-                        self.metrics, out)
+        _log_evaluation(self.progress.log, step, run.steps_per_epoch, run.total_steps, run.config.epochs,
+                        self.since_eval, self.metrics, out)
         self.since_eval = {}
 
     def finish(self, step: int) -> TrainResult:
@@ -206,11 +206,11 @@ def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
         head.weight = float(weights.get(head.name, head.weight))
 
 
-def _log_evaluation(step, steps_per_epoch, total_steps, epochs, since_eval, metrics, out) -> None:
+def _log_evaluation(logger, step, steps_per_epoch, total_steps, epochs, since_eval, metrics, out) -> None:
     """One line per evaluation: the mean train losses over the steps since the last one (the
     epoch's, with the default eval_every_steps), the eval metrics and the last call's rate."""
     losses = {k: total / steps for k, (total, steps) in since_eval.items()} or {"loss": float("nan")}
     train = " ".join(f"train_{k}={v:.4g}" for k, v in losses.items())
     shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
-    log.info("epoch %d/%d step %d/%d %s eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
-             epochs, step, total_steps, train, shown, out["examples_per_sec"])
+    logger.info("epoch %d/%d step %d/%d %s eval %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
+                epochs, step, total_steps, train, shown, out["examples_per_sec"])

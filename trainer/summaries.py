@@ -13,6 +13,8 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 log = logging.getLogger("loopline.trainer")
+# Progress lines when no bar is drawn: the command line shows this logger's records on the terminal.
+progress_log = logging.getLogger("loopline.trainer.progress")
 
 
 def _metadata(plugin: str) -> bytes:
@@ -94,7 +96,8 @@ class Summaries:
 
 
 class Progress:
-    """A tqdm bar over the run's steps on a terminal; a log line per report otherwise."""
+    """A tqdm bar over the run's steps on a terminal; a log line per report otherwise. `log`:
+    where the per-evaluation lines go (with a bar, the log only)."""
 
     def __init__(self, mode: str, total_steps: int, initial: int = 0, log_every_seconds: float = 30.0):
         self.bar = None
@@ -104,6 +107,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_steps, initial=initial, unit="step", dynamic_ncols=True)
+        self.log = log if self.bar is not None else progress_log
 
     def update(self, step: int, values: dict[str, float]) -> None:
         shown = {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "examples_per_sec", "learning_rate")}
@@ -112,7 +116,7 @@ class Progress:
             self.bar.set_postfix(shown, refresh=True)
         elif time.monotonic() - self.last_log >= self.log_every_seconds:
             self.last_log = time.monotonic()
-            log.info("step %d %s", step, " ".join(f"{k}={v}" for k, v in shown.items()))
+            progress_log.info("step %d %s", step, " ".join(f"{k}={v}" for k, v in shown.items()))
 
     def close(self) -> None:
         if self.bar is not None:
