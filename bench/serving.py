@@ -4,7 +4,9 @@ at 1 and 16 concurrent clients. Figures come from one run, side by side; the cli
 machine with the servers. Two more points split the overhead: a gRPC server that runs no model
 (transport alone) and the server's own Session call of the model in process. REST clients keep
 their connections alive (one requests.Session per client thread), as Java and Go clients do.
-Every run's headline figures are appended to `runs` in the JSON, so noise shows.
+Every run's headline figures are appended to `runs` in the JSON, so noise shows. The same run
+states request logging's cost (the server at sampling rates 0, 0.1 and 1.0, interleaved) and
+`loopline infer`'s examples/s on the server's core against the gRPC server's at 16 clients.
 
     python -m bench --only serving
 """
@@ -77,7 +79,7 @@ def measure(call, concurrency: int, seconds: float = SECONDS) -> dict:
         t.join()
     all_ms = np.array([x for lat in latencies for x in lat]) * 1000
     return {"p50_ms": round(float(np.percentile(all_ms, 50)), 3), "p99_ms": round(float(np.percentile(all_ms, 99)), 3),
-            "req_per_s": round(len(all_ms) / seconds, 1), "errors": errors[0]}
+            "req_per_s": round(len(all_ms) / seconds, 1), "errors": errors[0], "requests": len(all_ms)}
 
 
 def free_port() -> int:
@@ -216,7 +218,10 @@ def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY) -> dict:
     return results
 
 
-def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc") -> dict:
+def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc", concurrency=CONCURRENCY,
+         metrics: list | None = None) -> dict:
+    """`metrics`: gets the server's Prometheus text after the clients, before it stops, and the
+    server process's CPU seconds while they ran."""
     grpc_port, rest_port = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--serving-root", str(serving_root),
                              "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
@@ -226,9 +231,132 @@ def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc") -> dic
         wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
         if api == "rest":
             return rest_clients(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict", REST_BODY)
-        return grpc_clients(grpc_port)
+        cpu_before = process_cpu_seconds(proc.pid)
+        result = grpc_clients(grpc_port, concurrency)
+        if metrics is not None:
+            import requests
+
+            metrics.append(requests.get(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=10).text)
+            metrics.append(process_cpu_seconds(proc.pid) - cpu_before)
+        return result
     finally:
         stop(proc)
+
+
+LOGGING_RATES = (0.0, 0.1, 1.0)
+LOGGING_ROUNDS = 3
+
+
+def request_logging(serving_root: Path, work: Path) -> dict:
+    """Request logging's cost: the gRPC clients at 16 against the same server with
+    serving.request_log.sampling_rate 0, 0.1 and 1.0, interleaved over LOGGING_ROUNDS rounds (the
+    machine's other load shifts between points), each rate's req/s the mean of its rounds, and
+    the server process's CPU microseconds per answered request (steadier than req/s when other
+    work shares the machine: it counts what the server spent, not what it was given); and
+    at 1.0 the records in the closed files against the requests the server answered (its
+    Prometheus counters, read before it stops) and the records it dropped."""
+    from serving.request_log_files import closed_files, read_index
+
+    points: dict[float, list[float]] = {rate: [] for rate in LOGGING_RATES}
+    cpu: dict[float, list[float]] = {rate: [] for rate in LOGGING_RATES}
+    written = answered = dropped = 0
+    ok = 'loopline_requests_total{api="grpc",model="penguins",method="Predict",code="OK"}'
+    for round_ in range(LOGGING_ROUNDS):
+        for rate in LOGGING_RATES:
+            root = work / f"logging-{round_}-{rate:g}"
+            settings = [*SERVER_SETTINGS, f"pipeline.root={root}", f"serving.request_log.sampling_rate={rate}"]
+            metrics: list = []
+            points[rate].append(ours(serving_root, settings, concurrency=(16,), metrics=metrics)["c16"]["req_per_s"])
+            served = _counter(metrics[0], ok)
+            cpu[rate].append(round(metrics[1] / served * 1e6, 1))  # server CPU microseconds per answered request
+            if rate == 1.0:
+                files = closed_files(str(root / "request_logs"), "penguins")
+                written += sum(len(read_index(f)) for f in files)
+                answered += served
+                dropped += _counter(metrics[0], "loopline_request_log_dropped_total")
+    out = {f"sampling_{rate:g}": {"req_per_s": round(float(np.mean(points[rate])), 1), "rounds": points[rate],
+                                  "cpu_us_per_request": round(float(np.mean(cpu[rate])), 1), "cpu_rounds": cpu[rate]}
+           for rate in LOGGING_RATES}
+    base = out["sampling_0"]
+    for rate in LOGGING_RATES[1:]:
+        point = out[f"sampling_{rate:g}"]
+        out[f"cost_at_{rate:g}"] = round(1 - point["req_per_s"] / base["req_per_s"], 3)
+        out[f"cpu_cost_at_{rate:g}"] = round(point["cpu_us_per_request"] / base["cpu_us_per_request"] - 1, 3)
+    out["records_written_at_1"], out["requests_answered_at_1"], out["records_dropped_at_1"] = written, answered, dropped
+    out["cpu_us_per_logged_request"] = logging_cpu_per_record(serving_root, work)
+    out["cpu_cost_at_1_from_parts"] = round(out["cpu_us_per_logged_request"] / base["cpu_us_per_request"], 3)
+    return out
+
+
+def logging_cpu_per_record(serving_root: Path, work: Path, records: int = 20000) -> float:
+    """The CPU microseconds request logging spends per logged request, in this process, one thread:
+    the request path's part (RequestLog.log) and the writer's (the record built, written into the
+    GZIP file with its index row), on the clients' request and the answer the server gives it.
+    Divided by the server's CPU per request at sampling 0, it is the cost at 1.0 that the noisy
+    req/s of a shared machine hides."""
+    from serving.request_log import RequestLog
+    from serving.request_log_config import RequestLogConfig, write_request_log_file
+    from serving.servable import Servable
+    from serving.service import predict_on
+
+    servable = Servable("penguins", 1, str(serving_root / "penguins" / "1"), None, 10**6)
+    request = predict_request()
+    response = predict_on(servable, request, False)
+    servable.unload()
+    settings_root = work / "logging-cpu"
+    write_request_log_file(str(settings_root), RequestLogConfig(sampling_rate=1.0, queue_size=records),
+                           str(settings_root / "request_logs"))
+    logger = RequestLog(str(settings_root))
+    logger.reload_settings()
+    started = time.process_time()
+    for _ in range(records):
+        logger.log(request, response)
+    while logger._queue:  # noqa: SLF001 - the writer's own loop, without its 50 ms sleeps
+        logger._write(logger._queue.popleft())  # noqa: SLF001
+    logger._close_all()  # noqa: SLF001
+    return round((time.process_time() - started) / records * 1e6, 2)
+
+
+def _counter(text: str, prefix: str) -> int:
+    """The sum of the Prometheus samples whose line starts with `prefix`."""
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)))
+
+
+INFER_EXAMPLES = int(os.environ.get("LOOPLINE_BENCH_INFER_EXAMPLES", "100000"))
+
+
+def batch_inference(work: Path) -> dict:
+    """`loopline infer` (pipeline.infer) on INFER_EXAMPLES tf.Examples of ROW in a GZIP TFRecord,
+    pinned to the server's core like the server, its whole run timed (the model's load included)."""
+    import tensorflow as tf
+
+    from pipeline.config import load_config
+    from pipeline.infer import infer
+
+    example = tf.train.Example()
+    for name, value in ROW.items():
+        feature = example.features.feature[name]
+        feature.bytes_list.value.append(value.encode()) if isinstance(value, str) else feature.float_list.value.append(value)
+    data = work / "infer.tfrecord.gz"
+    with tf.io.TFRecordWriter(str(data), options="GZIP") as writer:
+        for _ in range(INFER_EXAMPLES):
+            writer.write(example.SerializeToString())
+    config = load_config(None, [f"pipeline.root={work}", "mlflow.enabled=false"])
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {SERVER_CPU})
+    try:
+        result = infer(config, str(data), str(work / "predictions.parquet"), version=1, data_format="tfrecord",
+                       progress=False)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    return {"examples": result.examples, "seconds": round(result.seconds, 3),
+            "examples_per_s": round(result.examples_per_second, 1), "pinned_to_cpu": SERVER_CPU}
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def grpc_floor() -> dict:
@@ -310,7 +438,8 @@ def run() -> dict:
         results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
                    "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
                    "loopline_rest": ours(serving_root, settings=REST_SETTINGS, api="rest"),
-                   "mlflow_rest": mlflow_serve(registered_model(saved_model, work))}
+                   "mlflow_rest": mlflow_serve(registered_model(saved_model, work)),
+                   "request_logging": request_logging(serving_root, work), "infer": batch_inference(work)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
@@ -321,22 +450,40 @@ def run() -> dict:
     results["grpc_floor_overhead_ms_c1"] = round(results["grpc_floor"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
     results["p50_overhead_vs_session_ms_c1"] = round(
         results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process_session"]["c1"]["p50_ms"], 3)
+    results["infer_vs_grpc_c16"] = round(results["infer"]["examples_per_s"] / results["loopline_grpc"]["c16"]["req_per_s"], 2)
     results["rest_ratio_vs_mlflow_c16"] = round(results["loopline_rest"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
     results["targets"] = {"ratio_vs_mlflow_c16": ">= 3", "p50_overhead_ms_c1": "<= 0.5",
-                          "rest_ratio_vs_mlflow_c16": ">= 3", "loopline_rest.c1.p50_ms": "<= 2"}
+                          "rest_ratio_vs_mlflow_c16": ">= 3", "loopline_rest.c1.p50_ms": "<= 2",
+                          "request_logging.cost_at_1": "< 0.10", "request_logging.cpu_cost_at_1": "< 0.10",
+                          "request_logging.cpu_cost_at_1_from_parts": "< 0.10",
+                          "infer_vs_grpc_c16": ">= 5"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
     results["loopline_settings"] = {"grpc": SERVER_SETTINGS, "rest": REST_SETTINGS}
     results["runs"] = previous_runs() + [{
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **{f"{name}_{c}": {k: results[name][c][k] for k in ("p50_ms", "req_per_s")}
            for name in ("loopline_grpc", "loopline_rest", "mlflow_rest") for c in ("c1", "c16")},
-        "ratio_vs_mlflow_c16": results["ratio_vs_mlflow_c16"], "rest_ratio_vs_mlflow_c16": results["rest_ratio_vs_mlflow_c16"]}]
+        "ratio_vs_mlflow_c16": results["ratio_vs_mlflow_c16"], "rest_ratio_vs_mlflow_c16": results["rest_ratio_vs_mlflow_c16"],
+        "request_logging": {k: v for k, v in results["request_logging"].items() if not isinstance(v, dict)}
+        | {f"{k}_req_per_s": v["req_per_s"] for k, v in results["request_logging"].items() if isinstance(v, dict)},
+        "infer_examples_per_s": results["infer"]["examples_per_s"], "infer_vs_grpc_c16": results["infer_vs_grpc_c16"]}]
     for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "loopline_rest", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
                 continue
             r = results[name][f"c{c}"]
             print(f"  {name:18s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
+    logging = results["request_logging"]
+    print(f"  request logging at 16 clients: {logging['sampling_0']['req_per_s']} req/s off, "
+          f"{logging['sampling_0.1']['req_per_s']} at 0.1 (cost {logging['cost_at_0.1']:.1%}), "
+          f"{logging['sampling_1']['req_per_s']} at 1.0 (cost {logging['cost_at_1']:.1%}); server CPU per request "
+          f"+{logging['cpu_cost_at_0.1']:.1%} at 0.1, +{logging['cpu_cost_at_1']:.1%} at 1.0; logging's own CPU "
+          f"{logging['cpu_us_per_logged_request']} us per logged request ({logging['cpu_cost_at_1_from_parts']:.1%} "
+          f"of a request's at 0); "
+          f"at 1.0: {logging['records_written_at_1']} records written for {logging['requests_answered_at_1']} "
+          f"answered requests, {logging['records_dropped_at_1']} dropped")
+    print(f"  loopline infer: {results['infer']['examples_per_s']} examples/s on one core, "
+          f"{results['infer_vs_grpc_c16']}x the gRPC server's at 16 clients")
     print(f"  REST vs mlflow at 16 clients: {results['rest_ratio_vs_mlflow_c16']}x; REST p50 at 1 client: "
           f"{results['loopline_rest']['c1']['p50_ms']} ms")
     print(f"  gRPC vs mlflow at 16 clients: {results['ratio_vs_mlflow_c16']}x; "

@@ -7,7 +7,9 @@ import logging
 from tfx.dsl.component.experimental.annotations import InputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact_utils
-from tfx.types.standard_artifacts import ExampleStatistics, PushedModel, Schema
+from tfx.types.standard_artifacts import Examples, ExampleStatistics, PushedModel, Schema
+
+from components.splits import split_pattern
 
 
 @component
@@ -16,7 +18,12 @@ def BaselineRecorder(
     schema: InputArtifact[Schema],
     pushed_model: InputArtifact[PushedModel],
     baseline_dir: Parameter[str],
+    examples: InputArtifact[Examples] = None,
 ) -> None:
+    """With `examples`, the pushed model's predictions on the eval split go into the baseline too
+    (split `eval_predictions`): `loopline monitor` compares served predictions with them."""
+    from trainer.evaluation import is_loopline_export
+    from trainer.predicted import EVAL_PREDICTIONS
     from validation.baseline import read_baseline, write_baseline
     from validation.schema import load_schema
     from validation.statistics import read_statistics
@@ -28,6 +35,9 @@ def BaselineRecorder(
     splits = artifact_utils.decode_split_names(statistics.split_names)
     stats = {split: read_statistics(artifact_utils.get_split_uri([statistics], split)) for split in splits}
     version = pushed_model.get_string_custom_property("pushed_version")
+    pushed_to = pushed_model.get_string_custom_property("pushed_destination")
+    if examples is not None and is_loopline_export(pushed_to):
+        stats[EVAL_PREDICTIONS] = _eval_predictions(pushed_to, split_pattern(examples, "eval"))
     previous = read_baseline(baseline_dir)  # raises if present but unreadable
     source = {"pushed_version": version, "pushed_model": pushed_model.uri, "statistics": statistics.uri,
               "schema": schema.uri}
@@ -35,3 +45,15 @@ def BaselineRecorder(
     location = write_baseline(baseline_dir, load_schema(schema.uri), stats, source,
                               acceptance=previous.acceptance if previous is not None else "")
     log.info("baseline for the next runs: %s (pushed version %s)", location, version)
+
+
+def _eval_predictions(saved_model_dir: str, eval_pattern: str):
+    """Statistics of the pushed model's predictions on the eval split, called as the server calls it."""
+    from serving.signature_call import signature_caller
+    from trainer.predicted import EVAL_PREDICTIONS, eval_predictions
+    from validation.statistics import ExampleStatistics
+
+    summary = ExampleStatistics()
+    for example in eval_predictions(saved_model_dir, eval_pattern, signature_caller):
+        summary.add(example.SerializeToString())
+    return summary.result(EVAL_PREDICTIONS)

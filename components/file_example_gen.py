@@ -33,12 +33,15 @@ class _FilesExecutor(csv_example_gen.Executor):
 
     read: Callable[[str], Iterator[list[bytes]]]
 
-    def _examples(self, pipeline, label: str, pattern: str, split_names: list[str], buckets: list[int] | None):
-        files = sorted(fileio.glob(pattern))
-        if not files:
-            raise RuntimeError(f"Split pattern {pattern} does not match any files.")
-        return (pipeline | f"Files[{label}]" >> beam.Create(files)
-                | f"Read[{label}]" >> beam.ParDo(_SplitRecords(type(self).read, split_names, buckets)).with_outputs(*split_names))
+    def _examples(self, pipeline, inputs: list[tuple], exec_properties: dict) -> list:
+        tagged = []
+        for label, pattern, split_names, buckets in inputs:
+            files = sorted(fileio.glob(pattern))
+            if not files:
+                raise RuntimeError(f"Split pattern {pattern} does not match any files.")
+            tagged.append(pipeline | f"Files[{label}]" >> beam.Create(files)
+                          | f"Read[{label}]" >> beam.ParDo(_SplitRecords(type(self).read, split_names, buckets)).with_outputs(*split_names))
+        return tagged
 
 
 class _ParquetExecutor(_FilesExecutor):

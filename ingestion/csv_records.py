@@ -1,24 +1,29 @@
-"""CSV files to serialized tf.Examples a record batch at a time, with the stock CsvExampleGen's rules.
+"""CSV files to serialized tf.Examples a record batch at a time, with the stock CsvExampleGen's rules
+for types and numbers, and loopline's CSV options (ingestion/csv_options.py) for missing markers,
+the delimiter and the encoding.
 
 The stock component (tfx_bsl's csv_decoder) parses every line in Python. Here Arrow parses the
 file in blocks, and each block's tf.Examples are written with numpy a column at a time, in the
 bytes protobuf's deterministic serialization gives (the bytes the stock split hashes), while the
 results stay those of the stock component:
-- a column is INT when every non-empty cell is an int64 to Python's `int(cell)`, else FLOAT when
+- a column is INT when every present cell is an int64 to Python's `int(cell)`, else FLOAT when
   every one is a number to `float(cell)`, else STRING (ints beyond int64 make it STRING);
-- an empty cell (quoted or not) is a missing value: an empty value list of the column's type; a
-  column with no value at all gives value-less features;
+- a missing cell (one of `na_values`, quoted or not; the stock rule: the empty cell only) is an
+  empty value list of the column's type; a column with no value at all gives value-less features;
 - blank lines are skipped; a row with another number of cells than the header is an error.
 Cells that Arrow's parsers and Python's read differently (blanks and underscores inside numbers,
 `nan` spellings, `+`, hex) go through Python's own `int`/`float` on the cell's bytes.
 
-Files are opened through Beam's filesystems, so every scheme Beam knows works (gs://, and the
-tests' ram://).
+Arrow checks that every cell is valid UTF-8 (or decodes the file with `encoding`) as it parses, so
+the pass that infers the types is also the one that finds undecodable bytes; only then is the file
+read again, in Python, to name the line and byte. Files are opened through Beam's filesystems, so
+every scheme Beam knows works (gs://, and the tests' ram://).
 """
 from __future__ import annotations
 
-import csv
 import hashlib
+import re
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -28,6 +33,8 @@ import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders.csv_decoder import ColumnType
 
+from ingestion.csv_options import SNIFF_BYTES, CsvError, CsvOptions, line_of_row, parse_header, undecodable
+
 BLOCK_BYTES = 1 << 19  # Arrow parses this much of a file at a time: the memory per batch.
 _INT64 = np.iinfo(np.int64)
 _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree on these (less the '+').
@@ -36,38 +43,59 @@ _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree o
 _PYTHON_ONLY = r"[\t\n\v\f\r _]|[nN][aA][nN]"
 
 
-class CsvError(ValueError):
-    """A CSV that cannot be read as the stock component would read it; says which file and why."""
-
-
-def read_header(path: str) -> list[str]:
-    """The column names in the file's first line (as the stock component reads them)."""
+def read_header(path: str, options: CsvOptions) -> tuple[list[str], CsvOptions]:
+    """The column names in the file's first row, and the options with the delimiter resolved."""
     with FileSystems.open(path) as f:
-        first = f.readline().decode("utf-8")
-    names = next(csv.reader([first]), [])
-    if not names:
-        raise CsvError(f"{path}: no header line")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise CsvError(f"{path}: the header names {duplicates} more than once")
-    return names
+        sample = f.read(SNIFF_BYTES + 1)
+    return parse_header(path, sample[:SNIFF_BYTES], len(sample) <= SNIFF_BYTES, options)
 
 
-def read_batches(path: str, names: list[str], block_bytes: int = BLOCK_BYTES) -> Iterator[pa.RecordBatch]:
-    """The file's rows in record batches of strings (null: an empty cell), the header skipped."""
+def _chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
+    with FileSystems.open(path) as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def _read_error(path: str, names: list[str], options: CsvOptions, exc: Exception, bad_rows: list) -> CsvError:
+    """What Arrow (or the codec) refused, with the file's line: found by reading the file again in
+    Python, which only a failing read pays for."""
+    if isinstance(exc, UnicodeDecodeError) or "invalid UTF8" in str(exc):
+        column = re.search(r"CSV column #(\d+)", str(exc))
+        found = undecodable(path, _chunks(path), options.encoding, names[int(column.group(1))] if column else None)
+        if found is not None:
+            return found
+    if bad_rows and bad_rows[0].number > 0:
+        row = bad_rows[0]
+        line = line_of_row(_chunks(path), options, row.number)
+        return CsvError(f"{path}: line {line}: {row.actual_columns} cells where the header has {row.expected_columns}: "
+                        f"{row.text[:200]!r}")
+    return CsvError(f"{path}: {exc}")
+
+
+def read_batches(path: str, names: list[str], options: CsvOptions,
+                 block_bytes: int = BLOCK_BYTES) -> Iterator[pa.RecordBatch]:
+    """The file's rows in record batches of strings (null: a missing cell), the header skipped."""
     strings = {name: pa.large_string() for name in names}
+    bad_rows = []
+
+    def refuse(row) -> str:
+        bad_rows.append(row)
+        return "error"
+
     with FileSystems.open(path) as f:
         try:
             reader = pacsv.open_csv(
                 f,
-                read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=block_bytes, use_threads=False),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=True),
-                convert_options=pacsv.ConvertOptions(column_types=strings, null_values=[""], strings_can_be_null=True,
-                                                     quoted_strings_can_be_null=True),
+                read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=block_bytes, use_threads=False,
+                                               encoding="utf8" if options.is_utf8 else options.encoding),
+                parse_options=pacsv.ParseOptions(delimiter=options.delimiter, newlines_in_values=True,
+                                                 ignore_empty_lines=True, invalid_row_handler=refuse),
+                convert_options=pacsv.ConvertOptions(column_types=strings, null_values=list(options.na_values),
+                                                     strings_can_be_null=True, quoted_strings_can_be_null=True),
             )
             yield from reader
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise CsvError(f"{path}: {exc}") from None
+            raise _read_error(path, names, options, exc, bad_rows) from None
 
 
 def _python_type(cell: bytes) -> ColumnType:
@@ -117,6 +145,15 @@ def column_type(values: pa.Array) -> ColumnType:
 def merge_types(a: dict[str, ColumnType], b: dict[str, ColumnType]) -> dict[str, ColumnType]:
     """Types seen in two parts of a split: the higher of the two (INT < FLOAT < STRING)."""
     return {name: max(a.get(name, ColumnType.UNKNOWN), b.get(name, ColumnType.UNKNOWN)) for name in {*a, *b}}
+
+
+def file_types(path: str, names: list[str], options: CsvOptions) -> dict[str, ColumnType]:
+    """The column types over one file's batches (the stock ColumnTypeInferrer's rule). This pass
+    reads every cell, so it is the one that stops on bytes the encoding cannot decode."""
+    types: dict[str, ColumnType] = {}
+    for batch in read_batches(path, names, options):
+        types = merge_types(types, {n: column_type(batch.column(n)) for n in names})
+    return types
 
 
 def _values(present: pa.Array, kind: ColumnType) -> pa.Array:
@@ -327,3 +364,21 @@ def split_frames(records: pa.Array, buckets: list[int] | None) -> list[bytes]:
     digests = b"".join([hashlib.sha256(r).digest() for r in rows])
     split = np.searchsorted(np.asarray(buckets), _buckets(digests, buckets[-1]), side="right")
     return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))]
+
+
+GZIP_LEVEL = 1  # zlib's fastest: about 2.5x faster than Beam's default level 6, files ~20% larger
+
+
+class GzipFile:
+    """One GZIP stream at GZIP_LEVEL over an open binary file (framed records in, a .gz TFRecord file out)."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._gzip = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._gzip.compress(data))
+
+    def close(self) -> None:
+        self._raw.write(self._gzip.flush())
+        self._raw.close()

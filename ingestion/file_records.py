@@ -90,3 +90,34 @@ def image_record(path: str) -> list[bytes]:
 
 def image_records(path: str) -> Iterator[list[bytes]]:
     yield image_record(path)
+
+
+def image_folder_splits(path: str, out_dir: str, eval_path: str | None = None) -> tuple[str, str]:
+    """`loopline train`'s own read of an image folder (`<path>/<class>/<file>`): GZIP TFRecords
+    `<out_dir>/{train,eval}/data.tfrecord.gz` of the ExampleGen's examples, cut 2:1 by its
+    hash-bucket rule (the pipeline's split), or `eval_path`'s folder as the eval split. Returns
+    the two file patterns."""
+    import tensorflow as tf
+
+    from ingestion.csv_records import split_frames
+
+    sources = [(path, [2, 3])] if eval_path is None else [(path, None), (eval_path, None)]
+    paths = {split: posixpath.join(out_dir, split, "data.tfrecord.gz") for split in ("train", "eval")}
+    for file in paths.values():
+        tf.io.gfile.makedirs(posixpath.dirname(file))
+    writers = {split: tf.io.TFRecordWriter(file, options="GZIP") for split, file in paths.items()}
+    try:
+        for index, (folder, buckets) in enumerate(sources):
+            files = sorted(tf.io.gfile.glob(posixpath.join(folder, "*", "*")))
+            if not files:
+                raise FormatError(f"{folder}: no <class>/<image> files (data.format image_folder)")
+            for file in files:
+                for record in image_record(file):
+                    # One split per record: the first of split_frames' outputs that holds it.
+                    frames = split_frames(pa.array([record], pa.large_binary()), buckets)
+                    split = ("train", "eval")[index if buckets is None else next(i for i, f in enumerate(frames) if f)]
+                    writers[split].write(record)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return paths["train"], paths["eval"]

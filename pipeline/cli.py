@@ -7,15 +7,23 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.run_lock import RunLockedError
+from pipeline.run_log import CommandLog, new_run_id
 from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another run holds the root; try again later
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help=f"YAML config (default: ./{DEFAULT_CONFIG} if present)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set trainer.epochs=5 (repeatable)")
+
+
+def _logged(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the whole log (<pipeline.root>/logs/...) to the terminal")
 
 
 def _config(args):
@@ -27,10 +35,14 @@ def _config(args):
 
 def cmd_run(args) -> int:
     config = _config(args)  # before TensorFlow loads: a bad config costs one line and no wait
+    run_id = new_run_id()
+    console = args.log.open(config, run_id)
+    from pipeline.component_lines import component_lines
     from pipeline.local_runner import run_local
 
-    summary = run_local(config)
-    print("\n".join(["", "loopline run finished", *summary.lines()]))
+    with component_lines(config, run_id, console):
+        summary = run_local(config, run_id=run_id)
+    print("\n".join(["", "loopline run finished", *summary.lines(), f"log        {args.log.path}"]))
     return 0
 
 
@@ -50,25 +62,31 @@ def cmd_compile(args) -> int:
 
 
 def cmd_data_report(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from pipeline.data_report import data_report
 
-    path = data_report(_config(args), args.out)
+    path = data_report(config, args.out)
     print(f"data report: {path}")
     return 0
 
 
 def cmd_data_accept(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from pipeline.data_accept import accept_data
 
-    print("\n".join(accept_data(_config(args))))
+    print("\n".join(accept_data(config)))
     return 0
 
 
 def cmd_train(args) -> int:
     """The trainer alone, for fast iteration and for the TFJob: on TFRecord splits, or data.path."""
+    config = _config(args)
+    args.log.open(config)
     from pipeline.train_command import run_train
 
-    outcome = run_train(_config(args), args.work_dir, args.train, args.eval)
+    outcome = run_train(config, args.work_dir, args.train, args.eval)
     where = f"; model in {outcome.model_dir}" if outcome.model_dir else " (not the chief: no export)"
     print(f"loopline train: {outcome.steps} steps; checkpoints and TensorBoard under {outcome.work_dir}{where}")
     print(" ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()))
@@ -99,25 +117,68 @@ def cmd_tensorboard(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    config = _config(args)
-    serving = config.serving
+def _prepare_serving_process(serving) -> None:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")  # before TensorFlow loads
     if serving.cpus:
         _pin_to_cpus(serving.cpus)
-    from serving.server import serve_forever
 
+
+def cmd_serve(args) -> int:
+    if args.tf_serving_flags:
+        return _serve_with_tf_serving_flags(args)
+    config = _config(args)
+    serving = config.serving
+    _prepare_serving_process(serving)
     for key in ("host", "grpc_port", "rest_port"):
         if getattr(args, key) is not None:
             setattr(serving, key, getattr(args, key))
-    return serve_forever(args.serving_root or _serving_root(config), serving)
+    serving_root = args.serving_root or _serving_root(config)
+    if not os.path.isdir(serving_root):
+        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
+    args.log.open(config)
+    from serving.request_log_config import request_log_dir, write_request_log_file
+    from serving.server import serve_forever
+
+    # serving.request_log as given here, beside models.config; the server polls it for later changes
+    write_request_log_file(serving_root, serving.request_log, request_log_dir(config.pipeline.root))
+    return serve_forever(serving_root, serving)
+
+
+def _serve_with_tf_serving_flags(args) -> int:
+    """`loopline serve --port=8500 --model_name=m --model_base_path=/models/m ...`: TF Serving's
+    command line (serving.tf_serving_flags). loopline.yaml is read only when --config or --set is
+    given, for the keys no TF Serving flag covers."""
+    own = [f"--{key.replace('_', '-')}" for key in ("grpc_port", "rest_port", "host", "serving_root")
+           if getattr(args, key) is not None]
+    if own:
+        raise ConfigError(f"{', '.join(own)}: loopline's own flags do not mix with TF Serving's; use --port, "
+                          "--rest_api_port, --model_config_file (or --set serving.host=...)")
+    from serving.config import ServingConfig
+    from serving.tf_serving_flags import serve_with_flags
+
+    serving = load_config(args.config, args.overrides).serving if args.config or args.overrides else ServingConfig()
+    _prepare_serving_process(serving)
+    return serve_with_flags(args.tf_serving_flags, serving, "loopline serve")
+
+
+def tf_serving_main(argv: list[str] | None = None) -> int:
+    """The `tensorflow_model_server` command: every argument is one of TF Serving's flags, so the
+    tensorflow/serving image's entrypoint line and manifests written for it run unchanged."""
+    _quiet_libraries()
+    from serving.config import ServingConfig
+    from serving.tf_serving_flags import serve_with_flags
+
+    serving = ServingConfig()
+    _prepare_serving_process(serving)
+    return serve_with_flags(sys.argv[1:] if argv is None else argv, serving)
 
 
 def cmd_predict(args) -> int:
+    config = _config(args)
+    args.log.open(config)
     from serving.client import (IMAGE_SUFFIXES, GrpcClient, RestClient, predict_images, predict_rows, read_rows,
                                 wait_until_serving)
 
-    config = _config(args)
     serving = config.serving
     host = args.host or serving.host
     model = args.model or serving.model_name
@@ -145,6 +206,39 @@ def cmd_predict(args) -> int:
         return 1
     finally:
         client.close()
+    return 0
+
+
+def cmd_monitor(args) -> int:
+    """Served requests of a window against the served version's training data (docs/monitoring.md)."""
+    import time
+
+    config = _config(args)
+    from pipeline.monitor import monitor, parse_window, result_lines
+    from pipeline.monitor_labels import read_labels
+
+    try:  # a bad argument is exit code 2, not the 1 of a crossed threshold
+        window = parse_window(args.since, args.until, time.time())
+        labels = read_labels(args.labels) if args.labels else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    result = monitor(config, window, labels)
+    print("\n".join(result_lines(result, config.serving.model_name)))
+    return 0 if result.passed else 1
+
+
+def cmd_infer(args) -> int:
+    """Batch inference through the server's signature code, into a Parquet or CSV file."""
+    config = _config(args)
+    from pipeline.infer import infer
+
+    result = infer(config, args.data, args.output, args.version, args.format, args.batch_size, not args.no_progress)
+    print("\n".join([
+        f"infer      {result.examples} examples with {config.serving.model_name} version {result.version} "
+        f"in {result.seconds:.1f}s ({result.examples_per_second:,.0f} examples/s)",
+        f"output     {result.output}",
+        f"mlflow     {'run ' + result.run_id if result.run_id else 'not recorded (mlflow.enabled is false)'}",
+    ]))
     return 0
 
 
@@ -184,7 +278,7 @@ def cmd_promote(args) -> int:
     except (PromotionError, ModelConfigError) as exc:
         print(f"loopline: error: {exc}", file=sys.stderr)
         return 1
-    print(promotion.lines()[-1])
+    print("\n".join(promotion.lines()[1:]))
     return 0
 
 
@@ -220,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _pipeline_commands(sub) -> None:
     run = sub.add_parser("run", help="run the whole pipeline locally (LocalDagRunner)")
     _common(run)
+    _logged(run)
     run.set_defaults(func=cmd_run)
     compile_ = sub.add_parser("compile", help="write the pipeline spec for Kubeflow Pipelines / Vertex AI Pipelines")
     _common(compile_)
@@ -237,18 +332,21 @@ def _data_commands(sub) -> None:
     report = data.add_parser("report", help="HTML page + PNG histograms of the latest run's statistics and anomalies, "
                                             "next to its baseline's")
     _common(report)
+    _logged(report)
     report.add_argument("--out", default=None, help="output folder (default: <pipeline.root>/reports/data/<run>)")
     report.set_defaults(func=cmd_data_report)
     accept = data.add_parser("accept", help="make the data of the newest run, stopped by data validation, the new baseline")
     _common(accept)
+    _logged(accept)
     accept.set_defaults(func=cmd_data_accept)
 
 
 def _training_commands(sub) -> None:
     train = sub.add_parser("train", help="run the trainer alone (resumes from the work folder's checkpoints)")
     _common(train)
+    _logged(train)
     train.add_argument("--work-dir", default=None, help="checkpoints, TensorBoard, metrics (default: <root>/train/<name>)")
-    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path CSV")
+    train.add_argument("--train", default=None, help="train split TFRecord pattern (GZIP); default: data.path (CSV or image folder)")
     train.add_argument("--eval", default=None, help="eval split TFRecord pattern (GZIP)")
     train.set_defaults(func=cmd_train)
     board = sub.add_parser("tensorboard", help="open the newest Trainer run's summaries in TensorBoard")
@@ -260,8 +358,14 @@ def _training_commands(sub) -> None:
 
 
 def _serving_commands(sub) -> None:
-    serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs")
+    serve = sub.add_parser("serve", help="serve <pipeline.root>/serving over TF Serving's gRPC and REST APIs",
+                           allow_abbrev=False,
+                           epilog="TF Serving's own flags are taken too, with its names, defaults and meanings "
+                                  "(--port=8500 --rest_api_port=8501 --model_name=m --model_base_path=/models/m, "
+                                  "--model_config_file=...): `tensorflow_model_server --help` lists them. With them "
+                                  "the server binds all interfaces, as TF Serving does.")
     _common(serve)
+    _logged(serve)
     serve.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port (0: any free port)")
     serve.add_argument("--rest-port", type=int, default=None, help="default: serving.rest_port (0: any free port)")
     serve.add_argument("--host", default=None, help="address to bind (default: serving.host, 127.0.0.1)")
@@ -269,6 +373,7 @@ def _serving_commands(sub) -> None:
     serve.set_defaults(func=cmd_serve)
     predict = sub.add_parser("predict", help="send rows (JSON or CSV) to a running server and print predictions")
     _common(predict)
+    _logged(predict)
     predict.add_argument("input", nargs="+", help="rows: a .csv with a header, a JSON list of objects, or JSON "
                          "lines; or image files (.png, .jpg...), sent as tf.Examples with feature 'image'")
     predict.add_argument("--model", default=None, help="default: serving.model_name")
@@ -280,6 +385,28 @@ def _serving_commands(sub) -> None:
     predict.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     predict.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the model to be served")
     predict.set_defaults(func=cmd_predict)
+    _monitoring_commands(sub)
+
+
+def _monitoring_commands(sub) -> None:
+    monitor = sub.add_parser("monitor", help="check logged requests of a time window against the served version's "
+                                             "training data; exit 1 when a threshold is crossed")
+    _common(monitor)
+    monitor.add_argument("--since", default=None, help="window start: ISO 8601 time (2026-12-01T00:00:00Z) or a "
+                                                       "duration before --until (P1D, PT6H); default P1D")
+    monitor.add_argument("--until", default=None, help="window end, ISO 8601 time (default: now)")
+    monitor.add_argument("--labels", default=None, help="CSV or Parquet of request_id and true labels: live metrics")
+    monitor.set_defaults(func=cmd_monitor)
+    infer = sub.add_parser("infer", help="predict a dataset with the champion (or --version) into a Parquet or CSV file")
+    _common(infer)
+    infer.add_argument("data", help="a file or glob of data.format (CSV, TFRecord, Parquet), or an image folder")
+    infer.add_argument("--output", required=True, help="the predictions: .parquet or .csv (local or gs://)")
+    infer.add_argument("--version", type=int, default=None, help="serving version (default: the champion)")
+    infer.add_argument("--format", default=None, choices=["csv", "tfrecord", "parquet", "image_folder"],
+                       help="default: data.format")
+    infer.add_argument("--batch-size", type=int, default=4096, help="examples per model call (default 4096)")
+    infer.add_argument("--no-progress", action="store_true", help="no progress bar")
+    infer.set_defaults(func=cmd_infer)
 
 
 def _registry_commands(sub) -> None:
@@ -309,10 +436,14 @@ def _quiet_libraries() -> None:
     """Our progress at INFO; TFX, Beam and TensorFlow only when they warn."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's own handler writes to whatever sys.stderr is at the time, the terminal under a
+    # command log: its records go through the root handler (the log) instead.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropMessages())
-    logging.getLogger("loopline").setLevel(logging.INFO)
+    for name in ("loopline", "mlflow"):
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         from absl import logging as absl_logging
 
@@ -321,8 +452,22 @@ def _quiet_libraries() -> None:
         pass
 
 
-def _stop_message(exc: Exception) -> str | None:
-    """The report for errors that stop a run by design (bad data, a failed parity gate).
+def _failure(exc: BaseException, logged: bool) -> tuple[int, str | None]:
+    """The exit code and the one line for an error; no line: the traceback is shown."""
+    if isinstance(exc, (ConfigError, FileNotFoundError)):
+        return 2, f"loopline: error: {exc}"
+    if isinstance(exc, RunLockedError):
+        return EXIT_LOCKED, f"loopline: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "loopline: interrupted"
+    if not isinstance(exc, Exception):  # SystemExit
+        return 1, None
+    return 1, _stop_message(exc, logged)
+
+
+def _stop_message(exc: Exception, logged: bool) -> str | None:
+    """The report for errors that stop a run by design (bad data, a failed parity gate), and for
+    any other error of a command with a log (the traceback is there).
     Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
     from tracking.registration import RegistryUnavailableError
     from trainer.tflite import ParityError
@@ -337,27 +482,43 @@ def _stop_message(exc: Exception) -> str | None:
     # Our own checks raise ValueError with a message naming what is wrong (a label of the wrong
     # kind, jit_compile with string features...); OSError is e.g. a port already in use.
     if isinstance(exc, (ValueError, OSError)):
-        return f"loopline: error: {exc} (LOOPLINE_TRACEBACK=1 shows where)"
-    return None
+        return f"loopline: error: {exc}" + ("" if logged else " (LOOPLINE_TRACEBACK=1 shows where)")
+    return f"loopline: error: {type(exc).__name__}: {exc}" if logged else None
+
+
+def _parse(argv: list[str] | None):
+    """The arguments; `serve` also takes TF Serving's flags (args.tf_serving_flags), any other
+    unknown argument is an error."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    args.tf_serving_flags = []
+    if extra and args.command == "serve":
+        from serving.tf_serving_flags import looks_like_tf_serving
+
+        if looks_like_tf_serving(extra):
+            args.tf_serving_flags = extra
+    if extra and not args.tf_serving_flags:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     _quiet_libraries()
+    # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).
+    log = args.log = CommandLog("-".join(filter(None, [args.command, getattr(args, "data_command", None)])),
+                                verbose=getattr(args, "verbose", False))
     try:
-        return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"loopline: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("loopline: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        message = _stop_message(exc)
+        code = args.func(args)
+    except BaseException as exc:
+        code, message = _failure(exc, logged=log.path is not None)
+        log.close(None if isinstance(exc, SystemExit) else exc, message, discard=isinstance(exc, ConfigError))
         if message is None:
             raise
-        print(message, file=sys.stderr)
-        return 1
+        print(message + (f" (log: {log.path})" if log.path else ""), file=sys.stderr)
+        return code
+    log.close()
+    return code
 
 
 if __name__ == "__main__":

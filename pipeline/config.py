@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ingestion.csv_options import PANDAS_NA_VALUES, CsvOptions, Delimiter, check_encoding
 from serving.config import ServingConfig
 from trainer.config import TrainerConfig
 from trainer.evaluator_config import EvaluatorConfig
@@ -61,6 +62,13 @@ class PipelineSection(_Section):
     # ["--direct_running_mode=multi_processing", "--direct_num_workers=0"] or a Flink, Spark or
     # Dataflow runner's flags. Empty: Beam's DirectRunner in-process.
     beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = []
+    lock_wait_seconds: float = Field(
+        600, ge=0, description="How long `loopline run` and `loopline data accept` wait for another run holding the "
+        "lock on the same ML Metadata file (`<metadata file>.lock`) before stopping with one line naming it; "
+        "0: do not wait.")
+    keep_logs: int = Field(
+        20, ge=1, description="Logs kept under `<root>/logs` for each command (run, train, serve, predict, "
+        "data-report, data-accept); a command that ends removes its older ones.")
 
 
 # `data.schema` shadows pydantic's deprecated `BaseModel.schema()`, which nothing here uses.
@@ -85,6 +93,25 @@ class DataSection(_Section):
     # The CSV reader: Arrow record batches + tfx-bsl's C++ encoder, or TFX's stock CsvExampleGen
     # (per-line Python). Both write the same artifact.
     example_gen: Literal["arrow", "stock"] = "arrow"
+    na_values: list[str] | None = Field(
+        None, description="CSV cells read as missing, in every column (the whole cell, quoted or not); replaces "
+                          "pandas' default list, which null keeps: '', 'NA', 'N/A', 'n/a', 'NaN', 'nan', 'null', "
+                          "'NULL', 'None', '#N/A', '<NA>' and more. Keep '' in the list for empty cells to stay "
+                          "missing; [''] is the stock CsvExampleGen's rule.")
+    delimiter: Delimiter = Field(",", description="The CSV delimiter: ',', ';', a tab (\"\\t\" in YAML), '|', or auto "
+                                                   "(chosen from each file's first lines among those).")
+    encoding: str = Field("utf-8", description="The CSV files' text encoding, a Python codec name (utf-8, latin-1, "
+                                               "cp1252, utf-16...); bytes it cannot decode stop the run with the line.")
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        return check_encoding(value)
+
+    def csv_options(self) -> CsvOptions:
+        """How the CSV readers (ExampleGen, `loopline train`, the header checks) read data.path."""
+        na_values = PANDAS_NA_VALUES if self.na_values is None else tuple(self.na_values)
+        return CsvOptions(na_values, self.delimiter, self.encoding)
 
 
 class MlflowSection(_Section):

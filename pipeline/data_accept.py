@@ -1,14 +1,16 @@
-"""`loopline data accept`: makes the data of the newest run, stopped by data validation, the new
-baseline, so the next run on that data trains (validation.baseline). The user's files are never
-edited: with `data.schema` set, the schema diff to apply by hand is printed instead."""
+"""`loopline data accept`: makes the data of the newest finished run, stopped by data validation, the
+new baseline, so the next run on that data trains (validation.baseline). It holds the run lock, so
+no run starts meanwhile. The user's files are never edited: with `data.schema` set, the schema diff
+to apply by hand is printed instead."""
 from __future__ import annotations
 
 import json
 import os
 
 from pipeline.config import ConfigError, LooplineConfig
-from pipeline.run_metadata import newest_run_artifacts, open_store
 from pipeline.pipeline import data_baseline_dir, metadata_path
+from pipeline.run_lock import run_lock
+from pipeline.run_metadata import newest_finished_run, open_store, run_artifacts
 from validation.anomalies import problems_of, read_anomalies
 from validation.baseline import read_baseline, write_baseline
 from validation.run_validation import TRAIN
@@ -17,14 +19,15 @@ from validation.statistics import read_statistics
 
 
 def _stopped_run(config: LooplineConfig):
-    """The newest run's (name, statistics artifact, anomalies artifact); ConfigError unless data
-    validation stopped it."""
-    if not os.path.isfile(metadata_path(config)):
-        raise ConfigError(f"no pipeline runs yet under {config.pipeline.root} (run `loopline run` first)")
-    run, newest = newest_run_artifacts(open_store(config))
+    """The newest finished run's (name, statistics artifact, anomalies artifact); ConfigError unless
+    data validation stopped it."""
+    store = open_store(config, read_only=True)
+    run = newest_finished_run(store)
+    newest = run_artifacts(store, run) if run is not None else {}
     anomalies = newest.get("ExampleAnomalies")
     if run is None or anomalies is None or "ExampleStatistics" not in newest:
-        raise ConfigError(f"the newest run under {config.pipeline.root} has no data validation results to accept")
+        raise ConfigError(f"the newest finished run under {config.pipeline.root} has no data validation results "
+                          "to accept")
     props = anomalies.custom_properties
     if "stop" not in props or props["stop"].int_value != 1:
         raise ConfigError(f"the newest run ({run.name}) was not stopped by data validation: nothing to accept")
@@ -39,6 +42,13 @@ def _stopped_run(config: LooplineConfig):
 def accept_data(config: LooplineConfig) -> list[str]:
     """Records the stopped run's statistics (and the schema inferred from them) as the baseline;
     returns the lines to print."""
+    if not os.path.isfile(metadata_path(config)):
+        raise ConfigError(f"no pipeline runs yet under {config.pipeline.root} (run `loopline run` first)")
+    with run_lock(metadata_path(config), "loopline data accept", config.pipeline.lock_wait_seconds):
+        return _accept(config)
+
+
+def _accept(config: LooplineConfig) -> list[str]:
     run_name, statistics, anomalies = _stopped_run(config)
     splits = json.loads(statistics.properties["split_names"].string_value)
     stats = {split: read_statistics(os.path.join(statistics.uri, f"Split-{split}")) for split in splits}

@@ -1,6 +1,6 @@
-"""`loopline data report`: the latest run's statistics, schema and anomalies, read back through
-ML Metadata, next to the baseline the run was checked against (its statistics overlaid, the drift
-figures, the schema changes), rendered by validation.report."""
+"""`loopline data report`: the newest finished run's statistics, schema and anomalies, read back
+through ML Metadata (read-only), next to the baseline the run was checked against (its statistics
+overlaid, the drift figures, the schema changes), rendered by validation.report."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,9 @@ import tensorflow as tf
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
 from pipeline.config import LooplineConfig
-from pipeline.run_metadata import newest_run_artifacts, open_store
 from pipeline.pipeline import metadata_path
+from pipeline.run_metadata import newest_finished_run, open_store, run_artifacts
+from trainer.predicted import EVAL_PREDICTIONS
 from validation.anomalies import ANOMALIES_FILE, problems_of, read_anomalies
 from validation.baseline import read_baseline_folder
 from validation.report import BaselineView, write_report
@@ -39,17 +40,19 @@ def _baseline_view(config: LooplineConfig, anomalies_artifact, anomalies: dict, 
             for m in info.drift_measurements:
                 drift[(split, "/".join(info.path.step))] = (MEASURES.get(m.type, "?"), m.value, m.threshold)
     new_schema = infer_schema(stats[TRAIN] if TRAIN in stats else next(iter(stats.values())), config.validation)
-    return BaselineView(props["baseline"].string_value, baseline.statistics, drift,
+    data_splits = {k: v for k, v in baseline.statistics.items() if k != EVAL_PREDICTIONS}  # the model's, not data
+    return BaselineView(props["baseline"].string_value, data_splits, drift,
                         schema_changes(baseline.schema, new_schema))
 
 
 def data_report(config: LooplineConfig, out_dir: str | None = None) -> str:
-    """Writes the report of the newest pipeline run; returns the HTML page's path."""
-    if not os.path.isfile(metadata_path(config)):
-        raise FileNotFoundError(f"no pipeline runs yet under {config.pipeline.root} (run `loopline run` first)")
-    run, newest = newest_run_artifacts(open_store(config))
+    """Writes the report of the newest finished pipeline run (ML Metadata opened read-only);
+    returns the HTML page's path."""
+    store = open_store(config, read_only=True)
+    run = newest_finished_run(store)
     if run is None:
-        raise FileNotFoundError(f"no pipeline runs recorded in {metadata_path(config)}")
+        raise FileNotFoundError(f"no finished pipeline run recorded in {metadata_path(config)}")
+    newest = run_artifacts(store, run)
     statistics = newest.get("ExampleStatistics")
     if statistics is None:
         raise FileNotFoundError(f"the newest run ({run.name}) has no statistics; did StatisticsGen run?")

@@ -1,23 +1,32 @@
-"""Runs the pipeline locally with TFX's LocalDagRunner and ML Metadata on SQLite."""
+"""Runs the pipeline locally with TFX's LocalDagRunner and ML Metadata on SQLite, one run at a time
+per metadata file (pipeline.run_lock), and reads that run (not simply the newest) back."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 
 from ml_metadata.proto import metadata_store_pb2
+from tfx.dsl.compiler import constants
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+from tfx.orchestration.portable import runtime_parameter_utils
 
 from components.trainer import EXPORTED, TFLITE_DROPPED
 from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
-from pipeline.run_metadata import newest_run_artifacts, open_store  # noqa: F401 - open_store: also for callers of this module
+from pipeline.run_lock import run_lock
+from pipeline.run_log import new_run_id
+from pipeline.run_metadata import mark_finished, open_store, run_artifacts, run_context
+
+log = logging.getLogger("loopline")
 
 
 @dataclass
 class RunSummary:
     model_name: str
+    run_id: str
     version: str | None
     pushed_path: str | None
     saved_model: str | None
@@ -33,7 +42,7 @@ class RunSummary:
     exported: dict = field(default_factory=dict)  # the weights the Trainer exported (its TrainResult.exported)
 
     def lines(self) -> list[str]:
-        out = [f"model      {self.model_name}"]
+        out = [f"model      {self.model_name}", f"run        {self.run_id}"]
         if self.data_baseline:
             out.append(f"data       {self.data_baseline}")
         if self.accepted_changes:
@@ -61,13 +70,13 @@ class RunSummary:
         return out
 
 
-def summarize_last_run(config: LooplineConfig) -> RunSummary:
-    """Reads the newest pipeline run's executions and artifacts back from ML Metadata."""
+def summarize_run(config: LooplineConfig, run_id: str) -> RunSummary:
+    """Reads one pipeline run's executions and artifacts back from ML Metadata."""
     store = open_store(config)
-    run, artifacts = newest_run_artifacts(store)
+    run = run_context(store, run_id)
     if run is None:
-        raise RuntimeError(f"no pipeline run recorded in {metadata_path(config)}")
-    newest = artifacts.get
+        raise RuntimeError(f"pipeline run {run_id} is not recorded in {metadata_path(config)}")
+    newest = run_artifacts(store, run).get
 
     executions, seconds = {}, {}
     state_names = metadata_store_pb2.Execution.State.Name
@@ -101,6 +110,7 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
     pushed_ok = pushed is not None and pushed.custom_properties["pushed"].int_value == 1
     return RunSummary(
         model_name=config.serving.model_name,
+        run_id=run_id,
         version=pushed.custom_properties["pushed_version"].string_value if pushed_ok else None,
         pushed_path=pushed.custom_properties["pushed_destination"].string_value if pushed_ok else None,
         saved_model=os.path.join(model.uri, "Format-Serving") if model is not None else None,
@@ -117,12 +127,46 @@ def summarize_last_run(config: LooplineConfig) -> RunSummary:
     )
 
 
-def run_local(config: LooplineConfig) -> RunSummary:
-    """Runs the pipeline (the ServingConfigs step writes TF Serving's files beside a pushed model)."""
+class _RunWithId(LocalDagRunner):
+    """LocalDagRunner with the run id chosen here (it makes one up and keeps it to itself), so
+    the run can be read back by it: it names the run's pipeline_run context in ML Metadata."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self.run_id = run_id
+
+    def run_with_ir(self, pipeline, run_options=None):
+        runtime_parameter_utils.substitute_runtime_parameter(
+            pipeline, {constants.PIPELINE_RUN_ID_PARAMETER_NAME: self.run_id})
+        return super().run_with_ir(pipeline, run_options=run_options)
+
+
+def run_local(config: LooplineConfig, run_id: str | None = None) -> RunSummary:
+    """Runs the pipeline under the run lock (the ServingConfigs step writes TF Serving's files
+    beside a pushed model) and summarizes this run; `run_id`: default, the time it starts."""
     import tensorflow as tf
 
     check_data(config)
     tf.io.gfile.makedirs(config.pipeline.root)
-    os.makedirs(os.path.dirname(metadata_path(config)), exist_ok=True)  # SQLite: always local
-    LocalDagRunner().run(create_pipeline(config))
-    return summarize_last_run(config)
+    metadata_file = metadata_path(config)
+    os.makedirs(os.path.dirname(metadata_file), exist_ok=True)  # SQLite: always local
+    run_id = run_id or new_run_id()
+    with run_lock(metadata_file, f"loopline run {run_id}", config.pipeline.lock_wait_seconds):
+        outcome = "failed: interrupted"  # a KeyboardInterrupt passes the `except` below
+        try:
+            _RunWithId(run_id).run(create_pipeline(config))
+            outcome = "succeeded"
+        except Exception as exc:
+            outcome = f"failed: {type(exc).__name__}"
+            raise
+        finally:
+            _mark_finished(config, run_id, outcome)
+        return summarize_run(config, run_id)
+
+
+def _mark_finished(config: LooplineConfig, run_id: str, outcome: str) -> None:
+    """Marks the run finished for later readers, never hiding the run's own error."""
+    try:
+        mark_finished(open_store(config), run_id, outcome)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not mark run %s finished in %s: %s", run_id, metadata_path(config), exc)

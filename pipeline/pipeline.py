@@ -7,22 +7,23 @@ import os
 import posixpath
 
 from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
-from tfx.components.pusher.component import Pusher
 from tfx.orchestration import metadata
 from tfx.orchestration import pipeline as tfx_pipeline
-from tfx.proto import pusher_pb2
 
 from components.baseline_recorder import BaselineRecorder
-from components.csv_example_gen import ArrowCsvExampleGen
+from components.csv_example_gen import ArrowCsvExampleGen, custom_config
 from components.evaluator import Evaluator
 from components.example_validator import DataGate, ExampleValidator
+from components.pusher import Pusher
 from components.schema_gen import SchemaGen
 from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
+from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
+from serving.request_log_config import request_log_dir
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -104,8 +105,12 @@ def _example_gen(data):
         from components.file_example_gen import ParquetExampleGen as example_gen_class
     elif data.format == "image_folder":
         from components.file_example_gen import ImageFolderExampleGen as example_gen_class
-    else:
-        example_gen_class = CsvExampleGen if data.example_gen == "stock" else ArrowCsvExampleGen
+    elif data.example_gen == "stock":
+        check_stock_options(data)
+        example_gen_class = CsvExampleGen
+    else:  # the CSV options travel in custom_config: a changed option is a changed execution, not a cache hit
+        return ArrowCsvExampleGen(input_base=data_dir, input_config=input_config,
+                                  custom_config=custom_config(data.csv_options())).with_id("CsvExampleGen")
     return example_gen_class(input_base=data_dir, input_config=input_config).with_id("CsvExampleGen")
 
 
@@ -120,7 +125,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     target = tracking_target(config)
     trainer, evaluator = _training(config, target, example_gen, schema_gen, example_validator)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
-    pusher, baseline_recorder, serving_configs = _delivery(config, trainer, evaluator, statistics_gen, schema_gen)
+    pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
+                                                           statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
                   baseline_recorder, serving_configs]
     if target:
@@ -197,27 +203,31 @@ def _training(config: LooplineConfig, target, example_gen, schema_gen, example_v
     return trainer, evaluator
 
 
-def _delivery(config: LooplineConfig, trainer, evaluator, statistics_gen, schema_gen):
-    """The Pusher, the BaselineRecorder (a pushed model's data becomes the baseline the next runs
-    are checked against) and the ServingConfigs writer."""
+def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, statistics_gen, schema_gen):
+    """The Pusher (a new version, then retention: it keeps what the registry at `target` points
+    to), the BaselineRecorder (a pushed model's data becomes the baseline the next runs are
+    checked against) and the ServingConfigs writer."""
     pusher = Pusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
-        push_destination=pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_base(config))
-        ),
+        base_directory=serving_base(config),
+        keep_versions=config.serving.keep_versions,
+        tracking=target.to_json() if target else "",
+        registered_model=registered_model_name(config),
     )
     baseline_recorder = BaselineRecorder(
         statistics=statistics_gen.outputs["statistics"],
         schema=schema_gen.outputs["schema"],
         pushed_model=pusher.outputs["pushed_model"],
         baseline_dir=data_baseline_dir(config),
+        examples=example_gen.outputs["examples"],  # the pushed model's eval predictions, for `loopline monitor`
     )
     # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
-    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching"})
+    serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching", "request_log"})
     serving_configs = ServingConfigs(pushed_model=pusher.outputs["pushed_model"],
                                      serving_root=os.path.dirname(serving_base(config)),
-                                     serving_config=serving_files)
+                                     serving_config=serving_files,
+                                     request_log_dir=request_log_dir(config.pipeline.root))
     return pusher, baseline_recorder, serving_configs
 
 

@@ -40,8 +40,14 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
         return train, eval_
     if train or eval_:
         raise ConfigError("--train and --eval go together")
+    # Each worker converts its own copy: two processes must not write the same files.
+    data_dir = os.path.join(work_dir, "data") if task is None else os.path.join(work_dir, "data", f"{task[0]}-{task[1]}")
+    if config.data.format == "image_folder":
+        from ingestion.file_records import image_folder_splits
+
+        return image_folder_splits(config.data.path, data_dir, config.data.eval_path)
     if config.data.format != "csv":
-        raise ConfigError(f"loopline train reads data.path itself only for data.format csv (not "
+        raise ConfigError(f"loopline train reads data.path itself only for data.format csv and image_folder (not "
                           f"{config.data.format}); give --train and --eval (ExampleGen's GZIP TFRecord splits)")
     from trainer.csv_examples import csv_to_tfrecords
 
@@ -49,9 +55,7 @@ def _splits(config: LooplineConfig, work_dir: str, train: str | None, eval_: str
         raise ConfigError(f"loopline train reads one CSV file itself, not a glob ({config.data.path}); run the "
                           "pipeline, or give --train and --eval (ExampleGen's GZIP TFRecord splits)")
 
-    # Each worker converts its own copy: two processes must not write the same files.
-    data_dir = os.path.join(work_dir, "data") if task is None else os.path.join(work_dir, "data", f"{task[0]}-{task[1]}")
-    return csv_to_tfrecords(config.data.path, data_dir)
+    return csv_to_tfrecords(config.data.path, data_dir, config.data.csv_options())
 
 
 def run_train(config: LooplineConfig, work_dir: str | None = None, train: str | None = None,

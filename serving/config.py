@@ -1,9 +1,12 @@
 """The serving configuration: the `serving:` section of loopline.yaml."""
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from serving.request_log_config import RequestLogConfig
 
 
 class _Section(BaseModel):
@@ -27,6 +30,9 @@ class ServingConfig(_Section):
     rest_port: int = Field(8501, ge=0, le=65535)
     # Versions kept loaded: the newest N (TF Serving's `latest` policy) unless labels pin others.
     num_versions: int = Field(1, ge=1)
+    keep_versions: int = Field(
+        5, ge=1, description="Version folders kept in the serving folder after a push: the newest N, plus any "
+        "version models.config names or an MLflow alias points to; older ones are removed. At least num_versions.")
     # How often the server looks for new versions and models.config changes.
     poll_seconds: float = Field(2.0, gt=0)
     # Largest request (gRPC message or REST body) accepted; larger ones get RESOURCE_EXHAUSTED.
@@ -55,6 +61,30 @@ class ServingConfig(_Section):
     # cores: p50 ~0.15 ms lower at 1 client, ~40% more requests/s at 16). None: all CPUs.
     cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
     batching: BatchingConfig = BatchingConfig()
+    request_log: RequestLogConfig = Field(RequestLogConfig(), description=(
+        "Request logging: PredictionLog records of served requests under <pipeline.root>/request_logs "
+        "(docs/monitoring.md)."))
+    allowed_base_paths: list[str] | None = Field(
+        None, description="Base paths (folders or URIs, and what is inside them) that a model config sent over the "
+        "network (ModelService.HandleReloadConfigRequest) may name; a config naming any other is refused whole. "
+        "null: the serving root and the base paths of the config file the server was started with; []: none, "
+        "which turns network reloads off. Config files given by the operator may name any absolute base path, "
+        "as in TF Serving, which has no such check.")
+
+    @field_validator("allowed_base_paths")
+    @classmethod
+    def _absolute(cls, paths):
+        for path in paths or ():
+            if "://" not in path and not os.path.isabs(path):
+                raise ValueError(f"{path!r} is not an absolute path or a URI")
+        return paths
+
+    @model_validator(mode="after")
+    def _keep_what_is_served(self):
+        if self.keep_versions < self.num_versions:
+            raise ValueError(f"serving.keep_versions ({self.keep_versions}) must be at least serving.num_versions "
+                             f"({self.num_versions}), the versions the server loads")
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self):

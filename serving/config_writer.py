@@ -4,19 +4,28 @@
 - `batching.config`: BatchingParameters (`--enable_batching --batching_parameters_file`);
 - `monitoring.config`: MonitoringConfig with Prometheus on (`--monitoring_config_file`).
 
+Every writer of models.config (this step, `loopline promote`, retention) reads, changes and
+writes it (a temporary file renamed over it) under `models_config_lock`, so none undoes another's
+change.
+
 The pip package of the TF Serving API lacks the batching and monitoring protos, so their two
 messages are declared here with TF Serving's field names and numbers; the files are real
 textprotos that `tensorflow_model_server` reads.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import time
 
+import portalocker
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, text_format, wrappers_pb2
 from google.protobuf import message_factory
 from tensorflow_serving.config import model_server_config_pb2
 
+from serving import create_only
 from serving.config import ServingConfig
 from serving.model_config import (
     ModelConfigError,
@@ -28,6 +37,11 @@ from serving.model_config import (
     write_textproto,
 )
 
+MODELS_CONFIG_LOCK = ".models.config.lock"
+LOCK_TIMEOUT_S = 60.0
+# A lock marker on an object store older than this is taken over: its writer died (a writer holds
+# it for one read and one write of a small file).
+STALE_LOCK_S = 120.0
 BATCHING_CONFIG_FILE = "batching.config"
 MONITORING_CONFIG_FILE = "monitoring.config"
 PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
@@ -95,10 +109,49 @@ def read_textproto(path: str, message_class):
     return message
 
 
+@contextlib.contextmanager
+def models_config_lock(serving_root: str, timeout_s: float = LOCK_TIMEOUT_S):
+    """Held while models.config is read, changed and written. A local serving root: an OS lock
+    on `.models.config.lock` (released if its holder dies). An object store: a create-only marker
+    of that name (serving.create_only), removed after, taken over when older than STALE_LOCK_S."""
+    path = os.path.join(serving_root, MODELS_CONFIG_LOCK)
+    if create_only.is_local(serving_root):
+        tf.io.gfile.makedirs(serving_root)
+        lock = portalocker.Lock(path, timeout=timeout_s)
+        try:
+            lock.acquire()
+        except portalocker.exceptions.LockException:
+            raise TimeoutError(f"{path}: another writer of models.config held it for over {timeout_s:g} s") from None
+        try:
+            yield
+        finally:
+            lock.release()
+        return
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+    deadline = time.monotonic() + timeout_s
+    while not create_only.create(path, me):
+        holder = create_only.read(path)
+        if holder is not None and time.time() - float(holder.get("time", 0)) > STALE_LOCK_S:
+            create_only.delete(path)  # its writer died
+            continue
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path}: held by {holder} for over {timeout_s:g} s")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        create_only.delete(path)
+
+
 def write_serving_configs(serving_root: str, config: ServingConfig) -> dict[str, str]:
     """Adds (or refreshes) `config.model_name` in models.config, keeping other models and the
     labels `loopline promote` set, and writes batching.config and monitoring.config. The root may
     be a local folder or a URI tf.io.gfile writes (gs://...). Returns {file name: path}."""
+    with models_config_lock(serving_root):
+        return _write_serving_configs(serving_root, config)
+
+
+def _write_serving_configs(serving_root: str, config: ServingConfig) -> dict[str, str]:
     path = model_config_path(serving_root)
     server_config = model_server_config_pb2.ModelServerConfig()
     if tf.io.gfile.exists(path):

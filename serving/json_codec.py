@@ -10,6 +10,8 @@ named input arrays or tf.Examples, answers to JSON, with its rules and message t
   number sent for a float feature fails in the model, as there). Answers: `{"results": ...}`.
 - `{"b64": "..."}` is binary data in and out (outputs whose name ends in `_bytes`).
 - NaN, Infinity and -Infinity are read and written as numbers.
+- Bodies are read as RapidJSON reads them with TF Serving's flags (parse_body); errors are
+  `JSON Parse error: <reason> at offset: <n>` with Python's reason texts.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import base64
 import binascii
 import json
 import math
+import re
 
 import grpc
 import numpy as np
@@ -73,17 +76,81 @@ def _b64decode(value) -> bytes:
         raise invalid("Unable to base64 decode") from None
 
 
+class _NumberTooBig(ValueError):
+    pass
+
+
+def _json_int(text: str):
+    """An integer literal as RapidJSON reads it: an int when it fits int64 or uint64, else the
+    nearest double; one past the double range is an error. (Python alone would refuse over 4300
+    digits with a ValueError, and make any size an int that no tensor type holds.)"""
+    if len(text) <= 20:
+        value = int(text)
+        if -2**63 <= value < 2**64:
+            return value
+    as_double = float(text)
+    if math.isinf(as_double):
+        raise _NumberTooBig(text)
+    return as_double
+
+
+_DECODER = json.JSONDecoder(parse_int=_json_int)  # NaN, Infinity and -Infinity are read, as kParseNanAndInfFlag does
+_JSON_SPACE = " \t\n\r"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+MAX_DEPTH = 255  # loopline's limit: a tensor has at most 254 dimensions (TensorShape), plus the request's object
+
+
+def _deeper_than(doc, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (iterative: any depth is safe)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, (list, dict)):
+                stack.append((item, depth + 1))
+    return False
+
+
 def parse_body(body: bytes) -> dict:
-    """ParseJson: a non-empty JSON object."""
+    """ParseJson: a non-empty JSON object, read as TF Serving's RapidJSON flags read it (a UTF-8 BOM
+    skipped, NaN and Infinity taken, whatever follows the document ignored). Beyond its rules,
+    loopline's own, all 400 and never 500: invalid UTF-8, a lone surrogate escape, and nesting over
+    MAX_DEPTH levels."""
     if not body:
         raise invalid("JSON Parse error: The document is empty")
     try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid(f"JSON Parse error: {getattr(exc, 'msg', exc)} at offset: {getattr(exc, 'pos', 0)}") from None
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"JSON Parse error: Invalid encoding in string. at offset: {exc.start}") from None
+    start = len(text) - len(text.lstrip(_JSON_SPACE))
+    if start == len(text):
+        raise invalid(f"JSON Parse error: The document is empty. at offset: {start}")
+    try:
+        doc, _ = _DECODER.raw_decode(text, start)  # kParseStopWhenDoneFlag: the rest is not read
+    except json.JSONDecodeError as exc:
+        raise invalid(f"JSON Parse error: {exc.msg} at offset: {exc.pos}") from None
+    except _NumberTooBig:
+        raise invalid("JSON Parse error: Number too big to be stored in double.") from None
+    except RecursionError:
+        raise invalid(f"JSON Parse error: the document nests deeper than {MAX_DEPTH} levels") from None
+    if isinstance(doc, (list, dict)) and (text.count("[") + text.count("{") > MAX_DEPTH) and _deeper_than(doc, MAX_DEPTH):
+        raise invalid(f"JSON Parse error: the document nests deeper than {MAX_DEPTH} levels")
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(doc):
+        raise invalid("JSON Parse error: The surrogate pair in string is invalid.")
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {debug(doc)} Is not object")
     return doc
+
+
+def _has_lone_surrogate(doc) -> bool:
+    """A `\\uD800`-style escape without its pair decodes to a string UTF-8 cannot hold."""
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def signature_name(doc: dict) -> str:

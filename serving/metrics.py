@@ -16,6 +16,12 @@ class Metrics:
         self._sums = defaultdict(float)
         self._warmup_requests = defaultdict(int)  # (model, version) -> warmup records replayed
         self._warmups = defaultdict(int)  # (model, status code) -> warmups run
+        self._request_log = defaultdict(int)  # (model, outcome) -> count; outcome "written" or why dropped
+
+    def observe_request_log(self, model: str, outcome: str, count: int = 1) -> None:
+        """A request log record written ("written") or dropped ("queue_full", "write_error")."""
+        with self._lock:
+            self._request_log[(model, outcome)] += count
 
     def observe_warmup(self, model: str, version: int, requests: int, code: str, seconds: float) -> None:
         del seconds  # logged by the caller; the count is what alerting needs
@@ -63,7 +69,21 @@ class Metrics:
                     "# TYPE loopline_warmups_total counter"]
             for (model, code), n in sorted(self._warmups.items()):
                 out.append(f'loopline_warmups_total{{model="{_q(model)}",code="{code}"}} {n}')
+            out += _request_log_lines(self._request_log)
         return "\n".join(out) + "\n"
+
+
+def _request_log_lines(counts: dict) -> list[str]:
+    out = ["# HELP loopline_request_log_records_total Sampled requests written to the request log.",
+           "# TYPE loopline_request_log_records_total counter"]
+    out += [f'loopline_request_log_records_total{{model="{_q(model)}"}} {n}'
+            for (model, outcome), n in sorted(counts.items()) if outcome == "written"]
+    out += ["# HELP loopline_request_log_dropped_total Sampled requests not logged (queue full, write failed); "
+            "their answers went out as usual.",
+            "# TYPE loopline_request_log_dropped_total counter"]
+    out += [f'loopline_request_log_dropped_total{{model="{_q(model)}",reason="{outcome}"}} {n}'
+            for (model, outcome), n in sorted(counts.items()) if outcome != "written"]
+    return out
 
 
 def _q(value: str) -> str:

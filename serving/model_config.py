@@ -1,12 +1,19 @@
 """TF Serving's `models.config` (a ModelServerConfig textproto): build, read, write atomically,
 and move version labels. Used by the pipeline (after a push), `loopline promote` and the server.
 
-Model names must be plain names and base paths must stay inside the serving root, so a config
-cannot point the server at files outside it. Roots may be local folders or URIs that
-tf.io.gfile reads (gs://, s3://...), as a pipeline run on a cluster pushes there.
+The configs loopline writes name plain model names with base paths `<serving root>/<name>`
+(safe_base_path); the server itself takes any absolute base path from a config file its operator
+gives it, as TF Serving does (serving.allowed_base_paths limits the ones a network reload may name).
+Roots may be local folders or URIs that tf.io.gfile reads (gs://, s3://...), as a pipeline run on
+a cluster pushes there.
+
+Version folders are read as TF Serving reads them (file_system_storage_path_source.cc): a child of
+the base path whose name parses as a base-10 integer is that version, leading zeros and all
+(`00000123` is version 123), and the model is loaded from the folder as it is named.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -16,7 +23,11 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 MODEL_CONFIG_FILE = "models.config"
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")  # TensorFlow's kSavedModelFilenamePb, ...Pbtxt
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_VERSION = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes other scripts' digits
+
+log = logging.getLogger("loopline.serving")
 
 
 class ModelConfigError(ValueError):
@@ -49,16 +60,52 @@ def safe_base_path(serving_root: str, name: str) -> str:
     return base
 
 
-def available_versions(base_path: str) -> list[int]:
-    """Numeric version folders holding a saved_model.pb, ascending."""
+def parse_version(name: str) -> int | None:
+    """The version a folder name stands for (ParseVersionNumber): ASCII digits, base 10, leading
+    zeros allowed, within int64; None for anything else. (absl::SimpleAtoi would also take a sign
+    or surrounding spaces; such folders are not versions here.)"""
+    if not _VERSION.fullmatch(name):
+        return None
+    version = int(name)
+    return version if version < 2**63 else None
+
+
+def version_folders(base_path: str) -> dict[int, str]:
+    """{version: folder name} of the base path's children, as IndexChildrenByVersion builds it:
+    when two names parse to one version (`7` and `007`), the one sorting last is used."""
     if not tf.io.gfile.isdir(base_path):
-        return []
-    versions = []
-    for entry in tf.io.gfile.listdir(base_path):
-        entry = entry.rstrip("/")  # object stores list folders with a trailing slash
-        if entry.isdigit() and tf.io.gfile.exists(os.path.join(base_path, entry, "saved_model.pb")):
-            versions.append(int(entry))
-    return sorted(versions)
+        return {}
+    folders: dict[int, str] = {}
+    for entry in sorted(e.rstrip("/") for e in tf.io.gfile.listdir(base_path)):  # object stores add a "/"
+        version = parse_version(entry)
+        if version is None:
+            continue
+        if version in folders:
+            log.warning("duplicate version folders under %s: version %d will be loaded from %s, %s is ignored",
+                        base_path, version, entry, folders[version])
+        folders[version] = entry
+    return folders
+
+
+def saved_model_file(version_dir: str) -> str | None:
+    """The SavedModel's graph file in a version folder (saved_model.pb, else saved_model.pbtxt,
+    as TensorFlow's loader looks for them); None when there is neither."""
+    for name in SAVED_MODEL_FILES:
+        path = os.path.join(version_dir, name)
+        if tf.io.gfile.exists(path):
+            return path
+    return None
+
+
+def available_versions(base_path: str) -> list[int]:
+    """Versions whose folder holds a SavedModel, ascending (what a pusher has finished writing)."""
+    folders = version_folders(base_path)
+    return sorted(v for v, folder in folders.items() if saved_model_file(os.path.join(base_path, folder)))
+
+
+def version_path(base_path: str, version: int) -> str:
+    """The folder of `version` as found on disk (`<base>/00000123` for 123), else `<base>/<version>`."""
+    return os.path.join(base_path, version_folders(base_path).get(version, str(version)))
 
 
 def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
@@ -67,7 +114,8 @@ def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerCo
         with tf.io.gfile.GFile(path) as f:
             text_format.Parse(f.read(), config)
     except text_format.ParseError as exc:
-        raise ModelConfigError(f"{path}: not a valid ModelServerConfig textproto: {exc}") from None
+        # TF Serving's (protobuf's) wording first, so logs and scripts that look for it find it.
+        raise ModelConfigError(f"Error parsing text-format tensorflow.serving.ModelServerConfig: {path}: {exc}") from None
     return config
 
 
@@ -89,6 +137,25 @@ def write_model_server_config(path: str, config: model_server_config_pb2.ModelSe
 def resolved_path(path: str) -> str:
     """A local path with links resolved; a remote URI as it is (object stores have no links)."""
     return path if is_remote(path) else os.path.realpath(path)
+
+
+def path_is_under(path: str, roots: list[str]) -> bool:
+    """Whether `path` is one of `roots` or inside one, compared component by component: local paths
+    with links resolved, URIs as written (and never with a `..` part, which some stores do not
+    resolve)."""
+    if is_remote(path):
+        if ".." in path.split("/"):
+            return False
+        target = path.rstrip("/")
+        return any(is_remote(r) and (target == r.rstrip("/") or target.startswith(r.rstrip("/") + "/")) for r in roots)
+    target = resolved_path(path)
+    for root in roots:
+        if is_remote(root):
+            continue
+        root = resolved_path(root)
+        if target == root or target.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return False
 
 
 def find_model(config: model_server_config_pb2.ModelServerConfig, name: str):
@@ -127,5 +194,5 @@ def labelled_or_latest_version(serving_root: str, name: str, label: str) -> str 
         except ModelConfigError:
             labelled = None
         if labelled in versions:
-            return os.path.join(base, str(labelled))
-    return os.path.join(base, str(versions[-1])) if versions else None
+            return version_path(base, labelled)
+    return version_path(base, versions[-1]) if versions else None

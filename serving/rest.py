@@ -6,7 +6,8 @@ ACKs):
   GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata   signatures
   POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict    {"instances": ...} or {"inputs": ...}
   POST ...:classify | ...:regress                              {"examples": [...], "context": {...}}
-  GET  /monitoring/prometheus/metrics                          Prometheus text
+  GET  /monitoring/prometheus/metrics                          Prometheus text (path and presence: ServerOptions)
+  OPTIONS /v1/...                                              CORS preflight
 
 Each request is turned into the gRPC API's request and answered by the same code
 (serving/service.py); the JSON codec is serving/json_codec.py. Errors are `{"error": message}`
@@ -33,12 +34,12 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serving import json_codec, rules, service
+from serving import json_codec, request_ids, rules, service
 from serving.config import ServingConfig
-from serving.config_writer import PROMETHEUS_PATH
 from serving.errors import ServingError, invalid
 from serving.manager import ModelManager
 from serving.metrics import Metrics
+from serving.options import ServerOptions
 
 log = logging.getLogger("loopline.serving")
 
@@ -78,6 +79,7 @@ def predict(manager: ModelManager, spec, body: bytes) -> dict:
                                                    spec.signature_name)
     with manager.resolve(spec) as servable:
         outputs = service.run_predict(servable, spec.signature_name, inputs, (), manager.method_check)
+    manager.request_log.log_predict(spec, servable.version, inputs, outputs)
     return json_codec.predict_answer(outputs, row_format)
 
 
@@ -145,18 +147,23 @@ class RestApp:
     """The ASGI application: reads the body, answers, writes one JSON answer. A lone request is
     answered on the event loop's thread (a hand-off to a worker costs more than a small model's
     call); while one is being answered, the next go to worker threads, where model calls release
-    the GIL and concurrent requests meet in the server-side batcher."""
+    the GIL and concurrent requests meet in the server-side batcher. With a timeout
+    (--rest_api_timeout_in_ms) every request goes to a worker, and one over it is answered 504."""
 
-    def __init__(self, manager: ModelManager, metrics: Metrics, config: ServingConfig):
+    def __init__(self, manager: ModelManager, metrics: Metrics, config: ServingConfig, options: ServerOptions | None = None):
         self.manager, self.metrics, self.config = manager, metrics, config
-        self.pool = ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rest")
+        self.options = options or ServerOptions()
+        self.pool = ThreadPoolExecutor(max_workers=self.options.rest_threads or config.grpc_workers,
+                                       thread_name_prefix="rest")
         self.in_flight = 0  # only touched on the event loop's thread
+        self.headers = _CORS_HEADERS if self.options.rest_cors else []
 
-    def answer(self, method: str, path: str, body: bytes, too_large: bool) -> tuple[int, bytes, str]:
+    def answer(self, method: str, path: str, body: bytes, too_large: bool, request_id: str = "") -> tuple[int, bytes, str]:
         started = time.perf_counter()
         name, verb = _metric_labels(method, path)
         code = "OK"
         try:
+            request_ids.begin(request_id)  # checked, and CURRENT in the thread that answers
             if too_large:
                 raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                    f"request body is over the limit of {self.config.max_request_bytes} bytes "
@@ -178,22 +185,49 @@ class RestApp:
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
-        if method == "GET" and path == PROMETHEUS_PATH:
+        if method == "GET" and self.options.prometheus_path and path == self.options.prometheus_path:
             return await _send(send, 200, self.metrics.render().encode(), "text/plain; version=0.0.4")
         if not _API_PATH.fullmatch(path):
             return await _send(send, 404, json_codec.dumps({"error": f"Not found: {method} {path}"}), "application/json")
+        if method == "OPTIONS":  # a CORS preflight, answered as TF Serving answers it
+            status, payload = _preflight(scope)
+            return await _send(send, status, payload, "application/json", extra=self.headers)
         body, too_large = await _read_body(receive, self.config.max_request_bytes)
+        request_id = request_ids.from_asgi(scope["headers"])  # returned in the answer's x-request-id
         self.in_flight += 1
         try:
             await asyncio.sleep(0)  # requests that arrived with this one count themselves in first
-            if self.in_flight == 1:
-                status, payload, content_type = self.answer(method, path, body, too_large)
-            else:
-                loop = asyncio.get_running_loop()
-                status, payload, content_type = await loop.run_in_executor(self.pool, self.answer, method, path, body, too_large)
+            status, payload, content_type = await self._answer(method, path, body, too_large, request_id)
         finally:
             self.in_flight -= 1
-        await _send(send, status, payload, content_type, close=too_large)
+        await _send(send, status, payload, content_type, close=too_large,
+                    extra=[*self.headers, *request_ids.answer_header(request_id)])
+
+    async def _answer(self, method: str, path: str, body: bytes, too_large: bool, request_id: str) -> tuple[int, bytes, str]:
+        timeout_ms = self.options.rest_timeout_ms
+        if self.in_flight == 1 and not timeout_ms:
+            return self.answer(method, path, body, too_large, request_id)
+        work = asyncio.get_running_loop().run_in_executor(self.pool, self.answer, method, path, body, too_large,
+                                                          request_id)
+        if not timeout_ms:
+            return await work
+        try:
+            return await asyncio.wait_for(work, timeout_ms / 1000)
+        except asyncio.TimeoutError:  # the model's call goes on in its thread; the client is answered
+            message = f"Timed out after {timeout_ms} ms (--rest_api_timeout_in_ms)"
+            return 504, json_codec.dumps({"error": message}), "application/json"
+
+
+_CORS_HEADERS = [(b"access-control-allow-origin", b"*"), (b"access-control-allow-methods", b"POST, GET"),
+                 (b"access-control-allow-headers", b"Content-Type")]  # AddCORSHeaders
+
+
+def _preflight(scope) -> tuple[int, bytes]:
+    """RestApiRequestDispatcher's OPTIONS: OK when the Origin header names an http(s) origin."""
+    origin = dict(scope.get("headers", [])).get(b"origin", b"")
+    if re.search(rb"https?://", origin):
+        return 200, b""
+    return 400, json_codec.dumps({"error": "Origin header is missing in CORS preflight"})
 
 
 async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
@@ -208,8 +242,8 @@ async def _read_body(receive, limit: int) -> tuple[bytes, bool]:
             return b"".join(chunks), size > limit
 
 
-async def _send(send, status: int, body: bytes, content_type: str, close: bool = False) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+async def _send(send, status: int, body: bytes, content_type: str, close: bool = False, extra=()) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra]
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -255,6 +289,7 @@ class RestServer:
         self.socket.close()
 
 
-def start_rest(manager: ModelManager, metrics: Metrics, config: ServingConfig) -> tuple[RestServer, int]:
-    server = RestServer(RestApp(manager, metrics, config), config.host, config.rest_port).start()
+def start_rest(manager: ModelManager, metrics: Metrics, config: ServingConfig,
+               options: ServerOptions | None = None) -> tuple[RestServer, int]:
+    server = RestServer(RestApp(manager, metrics, config, options), config.host, config.rest_port).start()
     return server, server.port

@@ -1,33 +1,57 @@
-"""One loaded model version: its signatures, input checks and calls (batched or not)."""
+"""One loaded model version: its signatures and calls (batched or not)."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 
+import grpc
 import numpy as np
 import tensorflow as tf
 
 from serving import signature_names as names
 from serving.batching import Batcher
 from serving.config import BatchingConfig
-from serving.errors import invalid
-from serving.signature_call import SignatureCallers, read_signature_defs
+from serving.errors import ServingError, invalid, not_found
+from serving.model_config import saved_model_file
+from serving.signature_call import SERVE_TAGS, SignatureCallers, read_signature_defs
 from serving.tensors import dtype_name
 
 log = logging.getLogger("loopline.serving")
 
 
+def check_version_dir(path: str) -> None:
+    """LoadSessionBundleOrSavedModelBundle's refusals, with TF Serving's codes and texts: a Session
+    Bundle (export.meta) is UNIMPLEMENTED, a folder without a SavedModel NOT_FOUND."""
+    if tf.io.gfile.exists(os.path.join(path, "export.meta")):
+        raise ServingError(grpc.StatusCode.UNIMPLEMENTED, "Session Bundle is deprecated and removed.")
+    if saved_model_file(path) is None:
+        raise not_found("Specified file path does not appear to contain a SavedModel bundle (should have a file "
+                        f"called `saved_model.pb`)\nSpecified file path: {path}")
+
+
+def graph_error(exc: Exception) -> ServingError:
+    """An error raised running the model, with TensorFlow's own code and text, as TF Serving returns
+    Session::Run's status (a Python-side argument error of the eager fallback is INVALID_ARGUMENT)."""
+    if isinstance(exc, tf.errors.OpError):
+        return ServingError(_STATUS_BY_NUMBER.get(exc.error_code, grpc.StatusCode.UNKNOWN), exc.message)
+    return invalid(str(exc))
+
+
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
 
 class Servable:
     def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, max_elements: int,
-                 intra_op_threads: int = 0):
+                 intra_op_threads: int = 0, tags=SERVE_TAGS):
         self.name, self.version, self.path = name, version, path
         self.max_elements = max_elements
+        check_version_dir(path)
         # Every SignatureDef, as GetModelMetadata lists them; the callable ones (not `__...`).
-        self.all_signature_defs = read_signature_defs(path)
+        self.all_signature_defs = read_signature_defs(path, tags)
         self.signature_defs = {k: v for k, v in self.all_signature_defs.items() if not k.startswith("__")}
-        self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads)
+        self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads, tags)
         self._functions = self._callers.callers
         self.call_mode = self._callers.mode
         self.description = {}
@@ -35,7 +59,7 @@ class Servable:
         if tf.io.gfile.exists(sig_file):
             with tf.io.gfile.GFile(sig_file) as f:
                 self.description = json.loads(f.read())
-        self._specs: dict[str, dict[str, tuple]] = {}
+        self._feeds: dict[str, dict[str, tuple]] = {}
         self._batchers = {}
         if batching is not None and batching.enabled:
             for key in self._functions:
@@ -69,48 +93,37 @@ class Servable:
     def unload(self) -> None:
         self._callers.close()  # also empties self._functions, the same dict
 
-    def _input_specs(self, key: str) -> dict[str, tuple]:
-        """{input: (dtype, wants a string, numpy dtype, dims or None, the dims' known (index, size))}
-        of a signature, built once."""
-        specs = self._specs.get(key)
-        if specs is None:
-            specs = {}
-            for name, info in self.signature_defs[key].inputs.items():
-                want = tf.dtypes.as_dtype(info.dtype)
-                dims = None if info.tensor_shape.unknown_rank else [d.size for d in info.tensor_shape.dim]
-                known = tuple((i, d) for i, d in enumerate(dims or ()) if d >= 0)
-                specs[name] = (want, want == tf.string, None if want == tf.string else np.dtype(want.as_numpy_dtype), dims,
-                               known)
-            self._specs[key] = specs
-        return specs
-
-    def check_inputs(self, key: str, inputs: dict[str, np.ndarray]) -> None:
-        """Dtypes and shapes against the signature (INVALID_ARGUMENT, as TF Serving's Session run
-        answers); the request rules (serving/rules.py) checked the names before."""
-        specs = self._input_specs(key)
-        for name, array in inputs.items():
-            want, want_string, want_numpy, dims, known = specs[name]
-            got_string = array.dtype == object or array.dtype.kind in "SU"
-            if want_string != got_string or (not got_string and array.dtype != want_numpy):
-                got = "string" if got_string else dtype_name(tf.dtypes.as_dtype(array.dtype).as_datatype_enum)
-                raise invalid(f"input '{name}' of signature '{key}': expects dtype {want.name}, got {got}")
-            if dims is not None:
-                shape = array.shape
-                if len(dims) != len(shape) or any(shape[i] != d for i, d in known):
-                    raise invalid(f"input '{name}' of signature '{key}': expects shape "
-                                  f"{[d if d >= 0 else -1 for d in dims]}, got {list(array.shape)}")
+    def check_dtypes(self, key: str, inputs: dict[str, np.ndarray]) -> None:
+        """The one check before a run: each input's dtype, as DirectSession's call frame checks feeds
+        (FunctionCallFrame::SetArgs: INVALID_ARGUMENT, its text; args numbered by feed name). The
+        Session callable skips it, and a kernel given the wrong dtype aborts the process."""
+        feeds = self._feeds.get(key)
+        if feeds is None:
+            feeds = {}
+            signature = self.signature_defs[key]
+            for index, (tensor, alias) in enumerate(sorted((info.name, alias) for alias, info in signature.inputs.items())):
+                want = tf.dtypes.as_dtype(signature.inputs[alias].dtype)
+                feeds[alias] = (index, dtype_name(want.as_datatype_enum),
+                                None if want == tf.string else np.dtype(want.as_numpy_dtype))
+            self._feeds[key] = feeds
+        for alias, array in inputs.items():
+            index, want_name, want = feeds[alias]
+            is_string = array.dtype == object or array.dtype.kind in "SU"
+            if (want is None) != is_string or (want is not None and array.dtype != want):
+                got = "string" if is_string else dtype_name(tf.dtypes.as_dtype(array.dtype).as_datatype_enum)
+                raise invalid(f"Expects arg[{index}] to be {want_name} but {got} is provided")
 
     def _call(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             return self._functions[key](inputs)
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as exc:
-            message = getattr(exc, "message", None) or str(exc)
-            raise invalid(f"model {self.name} version {self.version}, signature '{key}': {message.splitlines()[0]}") from None
+        except (tf.errors.OpError, ValueError, TypeError) as exc:
+            raise graph_error(exc) from None
 
     def run(self, key: str, inputs: dict[str, np.ndarray], fetch=None) -> dict[str, np.ndarray]:
         """Runs signature `key` (batched with concurrent calls when batching is on); `fetch`:
-        the outputs wanted (None: all)."""
-        self.check_inputs(key, inputs)
+        the outputs wanted (None: all). As in TF Serving, shapes are not checked before the run
+        (the model's ops refuse what they cannot compute); dtypes are, as the Session does."""
+        self.check_dtypes(key, inputs)
         batcher = self._batchers.get(key)
         outputs = batcher.submit(inputs) if batcher else self._call(key, inputs)
         if fetch is not None:

@@ -1,16 +1,20 @@
-"""The embedded model server: one process serving TF Serving's gRPC and REST APIs from a serving
-root holding models.config and `<model>/<version>/` SavedModels."""
+"""The embedded model server: one process serving TF Serving's gRPC and REST APIs, from a serving
+root holding models.config and `<model>/<version>/` SavedModels (`loopline serve`), or from TF
+Serving's command line (serving.tf_serving_flags)."""
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import threading
+import time
 
 from serving.config import ServingConfig
 from serving.grpc_server import start_grpc
 from serving.manager import ModelManager
 from serving.metrics import Metrics
+from serving.options import ServerOptions
+from serving.request_log import RequestLog
 from serving.rest import start_rest
 
 log = logging.getLogger("loopline.serving")
@@ -30,23 +34,44 @@ def configure_tensorflow(config: ServingConfig) -> None:
 
 
 class ModelServer:
-    def __init__(self, serving_root: str, config: ServingConfig, models_config: str | None = None):
+    def __init__(self, serving_root: str | None, config: ServingConfig, models_config: str | None = None,
+                 options: ServerOptions | None = None):
         self.config = config
         self.metrics = Metrics()
-        self.manager = ModelManager(serving_root, config, models_config, self.metrics)
+        self.manager = ModelManager(serving_root, config, models_config, self.metrics, options)
+        self.options = self.manager.options
+        config_dir = os.path.dirname(self.options.models_config) if self.options.models_config else None
+        self.request_log = RequestLog(config_dir, self.metrics, self.options.config_poll_seconds,
+                                      self.options.saved_model_tags)
+        self.manager.request_log = self.request_log
         self.grpc_port = self.rest_port = None
         self._grpc = self._rest = None
 
     def start(self) -> "ModelServer":
         configure_tensorflow(self.config)
-        self.manager.start()  # loads and warms what models.config names before accepting requests
+        self.request_log.start()  # its settings before models.config's logging_config meets them
         try:
-            self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config)
-            self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config)
-        except BaseException:  # e.g. a port in use: stop what started, so the process can exit
+            self.manager.start()  # loads and warms what the config names before accepting requests
+            if self.options.tf_serving_rules:
+                self._wait_for_versions()
+            if self.options.grpc_tcp or self.options.grpc_socket_path:
+                self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config, self.options)
+            if self.options.rest_enabled:
+                self._rest, self.rest_port = start_rest(self.manager, self.metrics, self.config, self.options)
+        except BaseException:  # a model that does not load, a port in use: stop what started
             self.stop(grace=0)
             raise
         return self
+
+    def _wait_for_versions(self) -> None:
+        """As TF Serving's start-up, wait until every model has a version loaded or refused."""
+        waiting, told = self.manager.models_without_versions(), False
+        while waiting:
+            if not told:
+                log.warning("waiting for a version of %s (no numbered folder under its base path yet)", waiting)
+                told = True
+            time.sleep(max(self.options.version_poll_seconds, 0.2))
+            waiting = self.manager.models_without_versions()
 
     def stop(self, grace: float = 5.0) -> None:
         self.manager.stop()
@@ -54,16 +79,26 @@ class ModelServer:
             self._rest.shutdown()
         if self._grpc:
             self._grpc.stop(grace).wait(grace)
+        self.request_log.stop()  # writes what is queued and publishes the open files
+
+    def addresses(self) -> str:
+        """Where it serves, for the line printed once it is serving."""
+        scheme = "grpcs" if self.config.tls_cert else "grpc"
+        parts = []
+        if self.grpc_port is not None:
+            parts.append(f"{scheme}://{self.config.host}:{self.grpc_port}")
+        if self.options.grpc_socket_path:
+            parts.append(f"{scheme}://unix:{self.options.grpc_socket_path}")
+        if self.rest_port is not None:
+            parts.append(f"http://{self.config.host}:{self.rest_port}")
+        return " ".join(parts)
 
 
-def serve_forever(serving_root: str, config: ServingConfig, models_config: str | None = None) -> int:
-    """Runs until SIGINT/SIGTERM; prints one line with the bound ports once it is serving."""
-    if not os.path.isdir(serving_root):
-        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
-    server = ModelServer(serving_root, config, models_config).start()
-    scheme = "grpcs" if config.tls_cert else "grpc"
-    print(f"loopline serving {serving_root}: {scheme}://{config.host}:{server.grpc_port} "
-          f"http://{config.host}:{server.rest_port}", flush=True)
+def serve_forever(serving_root: str | None, config: ServingConfig, models_config: str | None = None,
+                  options: ServerOptions | None = None, banner: str = "") -> int:
+    """Runs until SIGINT/SIGTERM; prints one line with the bound addresses once it is serving."""
+    server = ModelServer(serving_root, config, models_config, options).start()
+    print(f"loopline serving {banner or serving_root}: {server.addresses()}", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

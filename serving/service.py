@@ -2,7 +2,8 @@
 (and the warmup replay): one implementation of each API. The request rules are TF Serving's
 (serving/rules.py); a request first resolves its model spec to a loaded version (the manager),
 then runs on it (the `*_on` functions, which warmup calls directly, as TF Serving's warmup calls
-RunPredict/RunClassify on the bundle being loaded)."""
+RunPredict/RunClassify on the bundle being loaded); an answered request is handed to the request
+log (serving/request_log.py), which samples it. Warmup replays are not: they go to `*_on`."""
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -44,7 +45,8 @@ def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, m
     return servable.run(rules.signature_key(signature_name), inputs, fetch)
 
 
-def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool) -> predict_pb2.PredictResponse:
+def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool,
+               tensor_content: bool = False) -> predict_pb2.PredictResponse:
     def parse(alias, proto):
         try:
             return to_numpy(proto, alias, servable.max_elements)
@@ -56,14 +58,17 @@ def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool
     response = predict_pb2.PredictResponse()
     _model_spec(response.model_spec, servable, spec.signature_name)
     for name, array in outputs.items():
-        from_numpy(array, response.outputs[name], as_fields=True)  # TF Serving's default: typed value fields
+        # TF Serving's default: typed value fields; --enable_serialization_as_tensor_content: bytes
+        from_numpy(array, response.outputs[name], as_fields=not tensor_content)
     return response
 
 
 def predict(manager, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return predict_on(servable, request, manager.method_check)
+        response = predict_on(servable, request, manager.method_check, manager.options.tensor_content)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- Classify and Regress --------------------------------------------------------------------------
@@ -99,13 +104,17 @@ def regress_on(servable, request, method_check: bool) -> regression_pb2.Regressi
 def classify(manager, request) -> classification_pb2.ClassificationResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return classify_on(servable, request, manager.method_check)
+        response = classify_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 def regress(manager, request) -> regression_pb2.RegressionResponse:
     rules.require_model_spec(request)
     with manager.resolve(request.model_spec) as servable:
-        return regress_on(servable, request, manager.method_check)
+        response = regress_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- MultiInference --------------------------------------------------------------------------------
@@ -132,7 +141,9 @@ def multi_inference(manager, request) -> inference_pb2.MultiInferenceResponse:
     # RunMultiInferenceWithServerCore: the version comes from the first task's spec (none: no name).
     spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
     with manager.resolve(spec) as servable:
-        return multi_inference_on(servable, request, manager.method_check)
+        response = multi_inference_on(servable, request, manager.method_check)
+    manager.request_log.log(request, response)
+    return response
 
 
 # -- GetModelMetadata, GetModelStatus --------------------------------------------------------------
@@ -156,10 +167,8 @@ def model_status(manager, request) -> get_model_status_pb2.GetModelStatusRespons
     version = spec.version.value if spec.HasField("version") else None
     response = get_model_status_pb2.GetModelStatusResponse()
     states = get_model_status_pb2.ModelVersionStatus.State
-    for v, state, error in manager.status(spec.name, version):
+    for v, state, code, error in manager.status(spec.name, version):
         row = response.model_version_status.add(version=v, state=states.Value(state))
-        row.status.error_code = 0  # OK
-        if error:
-            row.status.error_code = 2  # UNKNOWN
-            row.status.error_message = error
+        row.status.error_code = code.value[0]  # the load's own code, as TF Serving reports it
+        row.status.error_message = error
     return response

@@ -6,7 +6,6 @@ holding one fails here too."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import grpc
@@ -31,8 +30,9 @@ def warmup_path(version_dir: str) -> str:
     return names.warmup_file(version_dir)
 
 
-def replay(servable, method_check: bool) -> int:
-    """Runs every warmup record on `servable`; returns how many (0: no file, which is fine).
+def replay(servable, method_check: bool, iterations: int = 1) -> int:
+    """Runs every warmup record on `servable` `iterations` times (TF Serving's
+    --num_request_iterations_for_warmup); returns how many records (0: no file, which is fine).
     Raises ServingError naming the record that failed."""
     path = warmup_path(servable.path)
     if not tf.io.gfile.exists(path):
@@ -53,7 +53,8 @@ def replay(servable, method_check: bool) -> int:
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"Unsupported log_type for warmup: {number}")
         if kind is not None:
             try:
-                _REPLAY[kind](servable, getattr(entry, kind).request, method_check)
+                for _ in range(iterations):
+                    _REPLAY[kind](servable, getattr(entry, kind).request, method_check)
             except ServingError as exc:
                 raise ServingError(exc.code, f"warmup record {count} ({kind}): {exc.message}") from None
         count += 1
@@ -62,11 +63,11 @@ def replay(servable, method_check: bool) -> int:
     return count
 
 
-def warm_up(servable, method_check: bool, metrics=None) -> int:
+def warm_up(servable, method_check: bool, metrics=None, iterations: int = 1) -> int:
     """replay(), logged with the count and time, and counted in `metrics` (serving.metrics)."""
     started = time.monotonic()
     try:
-        count = replay(servable, method_check)
+        count = replay(servable, method_check, iterations)
     except ServingError as exc:
         if metrics is not None:
             metrics.observe_warmup(servable.name, servable.version, 0, exc.code.name, time.monotonic() - started)

@@ -89,6 +89,7 @@ class ServerProcess:
     """`loopline serve` in a child process on free ports; always stopped by `stop()`."""
 
     def __init__(self, workspace: Path, *overrides: str, grpc_port: int = 0, rest_port: int = 0, timeout: float = 90.0):
+        self.workspace = workspace
         self.log_path = workspace / f"server-{time.time_ns()}.log"
         args = [sys.executable, "-m", "pipeline.cli", "serve", "--config", str(REPO / "loopline.yaml"),
                 "--set", f"pipeline.root={workspace}", "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
@@ -121,9 +122,16 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def log(self) -> str:
+        """What the server wrote to its terminal (standard error)."""
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text()
+
+    def command_log(self) -> str:
+        """The server's command log (`<pipeline.root>/logs/serve-*.log`): everything, TensorFlow's lines included."""
+        found = sorted((self.workspace / "logs").glob("serve-*.log"))
+        assert len(found) == 1, found
+        return found[0].read_text()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -148,3 +156,78 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class TfServingServer:
+    """`loopline serve` started as TF Serving's test harness starts `tensorflow_model_server`
+    (tensorflow_model_server_test_base.py, RunServer): free ports from portpicker, REST on, a 5 s
+    REST timeout, a gRPC Unix socket, `grpc.so_reuseaddr=1` added to the channel arguments, then
+    the model flags. One flag is ours: `--set serving.host=127.0.0.1`, as tests stay on loopback
+    (TF Serving's flags alone bind all interfaces). `wait` waits as WaitForServerReady does."""
+
+    def __init__(self, tmp: Path, *flags: str, model_name: str | None = None, model_path: Path | None = None,
+                 model_config_file: Path | None = None, grpc_channel_arguments: str = "", wait: bool = True,
+                 timeout: float = 120.0):
+        import portpicker
+
+        self.port, self.rest_port = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+        self.socket_path = tmp / "tf-serving.sock"
+        command = [f"--port={self.port}", f"--rest_api_port={self.rest_port}", "--rest_api_timeout_in_ms=5000",
+                   f"--grpc_socket_path={self.socket_path}"]
+        if model_config_file:
+            command.append(f"--model_config_file={model_config_file}")
+        else:
+            command += [f"--model_name={model_name}", f"--model_base_path={model_path}"]
+        channel_arguments = ",".join(a for a in (grpc_channel_arguments, "grpc.so_reuseaddr=1") if a)
+        command += [*flags, f"--grpc_channel_arguments={channel_arguments}"]
+        self.command = command
+        self.log_path = tmp / f"server-{time.time_ns()}.log"
+        self.out_path = tmp / f"server-{time.time_ns()}.out"
+        with open(self.log_path, "w") as err, open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", *command,
+                                          "--set", "serving.host=127.0.0.1"], stdout=out, stderr=err,
+                                         env=subprocess_env(), cwd=REPO)
+        if wait:
+            self.wait_until_ready(timeout)
+
+    @property
+    def grpc_address(self) -> str:
+        return f"localhost:{self.port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://localhost:{self.rest_port}"
+
+    def wait_until_ready(self, timeout: float) -> None:
+        """WaitForServerReady: a Predict for a missing model until the answer names a Servable."""
+        import grpc
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "intentionally_missing_model"
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.grpc_address) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    stub.Predict(request, timeout=5)
+                except grpc.RpcError as error:
+                    if "Servable" in (error.details() or ""):
+                        return
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def stdout(self) -> str:
+        return self.out_path.read_text()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        """As the harness (atexit.register(proc.kill)): killed, nothing about stopping is tested here."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

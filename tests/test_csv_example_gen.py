@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from ingestion.csv_options import CsvOptions
 from tests.conftest import REPO
 
 TRICKY = (
@@ -23,7 +24,10 @@ TRICKY = (
 )
 
 
-def _run(executor, input_base: Path, out: Path, *, splits: dict[str, str] | None = None) -> None:
+STOCK_RULE = CsvOptions(na_values=("",))  # the stock component's missing cell: the empty one only
+
+
+def _run(executor, input_base: Path, out: Path, *, splits: dict[str, str] | None = None, options: CsvOptions | None = None):
     from tfx.components.example_gen import utils
     from tfx.proto import example_gen_pb2
     from tfx.types import standard_artifacts
@@ -35,14 +39,19 @@ def _run(executor, input_base: Path, out: Path, *, splits: dict[str, str] | None
     else:
         input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*.csv")])
         output_config = utils.make_default_output_config(input_config)
+    from components.csv_example_gen import custom_config
+
     examples = standard_artifacts.Examples()
     examples.uri = str(out)
-    executor().Do({}, {"examples": [examples]}, {
+    properties = {
         "input_base": str(input_base),
         "input_config": proto_utils.proto_to_json(input_config),
         "output_config": proto_utils.proto_to_json(output_config),
         "output_data_format": example_gen_pb2.FORMAT_TF_EXAMPLE,
-    })
+    }
+    if options is not None:
+        properties["custom_config"] = proto_utils.proto_to_json(custom_config(options))
+    executor().Do({}, {"examples": [examples]}, properties)
     return examples
 
 
@@ -54,13 +63,14 @@ def _split(out: Path, name: str) -> list[bytes]:
     return sorted(tf.train.Example.FromString(r).SerializeToString(deterministic=True) for r in records)
 
 
-def _same_as_stock(tmp_path: Path, input_base: Path, splits: dict[str, str] | None = None) -> dict[str, int]:
+def _same_as_stock(tmp_path: Path, input_base: Path, splits: dict[str, str] | None = None,
+                   options: CsvOptions | None = STOCK_RULE) -> dict[str, int]:
     from tfx.components.example_gen.csv_example_gen.executor import Executor as StockExecutor
 
     from components.csv_example_gen import Executor
 
     stock = _run(StockExecutor, input_base, tmp_path / "stock", splits=splits)
-    ours = _run(Executor, input_base, tmp_path / "arrow", splits=splits)
+    ours = _run(Executor, input_base, tmp_path / "arrow", splits=splits, options=options)
     assert ours.split_names == stock.split_names
     sizes = {}
     for name in (splits or {"train": "", "eval": ""}):
@@ -74,7 +84,8 @@ def test_same_splits_rows_and_types_as_stock_on_the_bundled_data(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(REPO / "data" / "penguins.csv", data / "penguins.csv")
-    sizes = _same_as_stock(tmp_path, data)
+    sizes = _same_as_stock(tmp_path, data, options=None)  # the defaults: no missing marker in this file but ''
+
     assert sizes["train"] > sizes["eval"] > 50  # the 2:1 hash split, not everything in one
 
 
@@ -115,8 +126,8 @@ def test_bad_rows_and_headers_name_the_file(tmp_path):
 
     data = tmp_path / "data"
     data.mkdir()
-    (data / "bad.csv").write_text("a,b\n1,2\n3,4,5\n")
-    with pytest.raises(Exception, match=r"bad\.csv.*Expected 2 columns"):
+    (data / "bad.csv").write_text('a,b\n1,2\n\n"x\ny",2\n3,4,5\n')  # a blank line and a quoted line end before it
+    with pytest.raises(Exception, match=r"bad\.csv: line 6: 3 cells where the header has 2: '3,4,5'"):
         _run(Executor, data, tmp_path / "out1")
     os.remove(data / "bad.csv")
     (data / "dup.csv").write_text("a,a\n1,2\n")

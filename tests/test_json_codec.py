@@ -57,3 +57,38 @@ def test_examples_in():
     assert features["bill"].float_list.value == [40.5] and features["flipper"].int64_list.value == [190]
     assert features["ok"].int64_list.value == [1] and features["img"].bytes_list.value == [b"a"]
     assert inp.example_list_with_context.context.features.feature["island"].bytes_list.value == [b"Dream"]
+
+
+@pytest.mark.parametrize("body, doc", [
+    (b'\xef\xbb\xbf{"a": 1}', {"a": 1}),  # a UTF-8 BOM is skipped, as RapidJSON's UTF-8 stream does
+    (b' {"a": 1} {"b": 2} junk', {"a": 1}),  # kParseStopWhenDoneFlag: what follows the document is not read
+    (b'{"a": [NaN, Infinity, -Infinity]}', None),  # kParseNanAndInfFlag
+    (b'{"a": 123456789012345678901234567890}', {"a": 1.2345678901234568e29}),  # past uint64: a double, as RapidJSON
+    (b'{"a": 18446744073709551615}', {"a": 2**64 - 1}),  # uint64 stays an integer
+    (b'{"a": "\\ud83d\\ude00"}', {"a": "\U0001F600"}),  # a surrogate pair is one character
+    (b'{"a":' + b"[" * 254 + b"]" * 254 + b"}", None),  # 255 levels: the deepest taken
+])
+def test_bodies_tf_serving_takes(body, doc):
+    parsed = json_codec.parse_body(body)
+    if doc is not None:
+        assert parsed == doc
+    assert isinstance(parsed, dict)
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"", "JSON Parse error: The document is empty"),
+    (b" \n", "JSON Parse error: The document is empty. at offset: 2"),
+    (b'{"a":', "JSON Parse error: Expecting value at offset: 5"),
+    (b"[1, 2]", "JSON Value: [1,2] Is not object"),
+    (b'{"a": ' + b"1" * 5000 + b"}", "JSON Parse error: Number too big to be stored in double."),  # Python: ValueError
+    (b'{"a": "\\ud800"}', "JSON Parse error: The surrogate pair in string is invalid."),  # Python: a str UTF-8 cannot hold
+    (b'{"a": "\\udc00x"}', "JSON Parse error: The surrogate pair in string is invalid."),
+    (b'{"a": "\xff\xfe"}', "JSON Parse error: Invalid encoding in string. at offset: 7"),
+    (b'{"a":' + b"[" * 255 + b"]" * 255 + b"}", "JSON Parse error: the document nests deeper than 255 levels"),
+    (b"[" * 200_000 + b"]" * 200_000, "JSON Parse error: the document nests deeper than 255 levels"),  # Python: RecursionError
+    (b'{"a": [1, [[[' + b"[" * 300 + b"]" * 300 + b"]]]]}", "JSON Parse error: the document nests deeper than 255 levels"),
+])
+def test_malformed_bodies_are_invalid_argument_with_tf_servings_message_family(body, message):
+    with pytest.raises(ServingError) as info:
+        json_codec.parse_body(body)
+    assert (info.value.code.name, info.value.message) == ("INVALID_ARGUMENT", message)

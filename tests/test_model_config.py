@@ -46,7 +46,7 @@ def test_names_cannot_escape_the_serving_root(tmp_path):
 def test_garbage_config_is_reported(tmp_path):
     path = tmp_path / "models.config"
     path.write_text("model_config_list { nope }")
-    with pytest.raises(ModelConfigError, match="not a valid ModelServerConfig"):
+    with pytest.raises(ModelConfigError, match="Error parsing text-format tensorflow.serving.ModelServerConfig"):
         read_model_server_config(str(path))
 
 

@@ -51,10 +51,12 @@ def test_cli_prints_one_line_and_exits_1(tmp_path, monkeypatch, capsys):
 
     message = "MLflow tracking server http://mlflow:5000 did not answer (...); the model was pushed ..."
 
-    def run_local(_config):
+    def run_local(_config, run_id):
         raise RegistryUnavailableError(message)
 
     monkeypatch.setattr(local_runner, "run_local", run_local)
     code = cli.main(["run", "--set", f"pipeline.root={tmp_path}"])
     assert code == 1
-    assert capsys.readouterr().err.strip() == f"loopline: {message}"
+    [log] = (tmp_path / "logs").glob("*.log")
+    assert capsys.readouterr().err.strip() == f"loopline: {message} (log: {log})"
+    assert f"loopline: {message}\nTraceback" in log.read_text()  # the log ends with the line and where it came from

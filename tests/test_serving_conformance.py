@@ -200,9 +200,9 @@ GRPC_ROWS = [
     ("predict-duplicate-output-filter", False, P, "Predict",
      lambda r: edit(raw(), lambda q: q.output_filter.extend(["scores", "scores"])), C.INVALID_ARGUMENT,
      "duplicate output tensor alias: scores"),
-    ("predict-wrong-dtype", False, P, "Predict",  # Session::Run's own check in TF Serving; our text
+    ("predict-wrong-dtype", False, P, "Predict",  # Session::Run's own check (FunctionCallFrame::SetArgs)
      lambda r: edit(raw(), lambda q: q.inputs["bill_length_mm"].CopyFrom(tf.make_tensor_proto([[b"x"]]))),
-     C.INVALID_ARGUMENT, r"^input 'bill_length_mm' of signature 'predict_raw': expects dtype float"),
+     C.INVALID_ARGUMENT, "Expects arg[0] to be float but string is provided"),
     # RunClassify: GetClassificationSignatureDef, PreProcessClassification, PostProcessClassificationResult (classifier.cc)
     ("classify-no-model-spec", False, P, "Classify", lambda r: classification_pb2.ClassificationRequest(),
      C.INVALID_ARGUMENT, "Missing ModelSpec"),

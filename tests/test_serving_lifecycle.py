@@ -109,8 +109,11 @@ def test_a_version_whose_warmup_fails_is_refused_and_the_previous_keeps_serving(
         add_version(base(server, "penguins"), broken, 3)
         wait_for(lambda: 3 in versions(model_stub), 60, "version 3 to be refused")
     state, reason = versions(model_stub)[3]
-    assert state == END and "warmup failed: FAILED_PRECONDITION: warmup record 1 (predict_log)" in reason
+    assert state == END and reason.startswith("warmup failed: warmup record 1 (predict_log)")
     assert 'Serving signature key "nope" not found.' in reason
+    status = model_stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(
+        model_spec={"name": "penguins", "version": {"value": 3}}), timeout=30)
+    assert status.model_version_status[0].status.error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert "model penguins version 3 refused, previous versions keep serving" in caplog.text
     assert versions(model_stub)[1][0] == AVAILABLE
     after = scores(stub)

@@ -1,12 +1,14 @@
-"""The version manager's own rules, without a model: the version policy (wanted_versions), and
-GetModelStatus while a failing load is being recorded."""
+"""The version manager's own rules, without a model: version folders and the version policy
+(wanted_versions), and GetModelStatus while a failing load is being recorded."""
 import threading
 
+import grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving import manager as manager_module
 from serving.config import ServingConfig
-from serving.manager import ModelManager
+from serving.manager import Failure, ModelManager
+from serving.model_config import parse_version, version_folders
 from serving.storage_source import aspired_versions, folder_fingerprint, wanted_versions
 
 
@@ -33,6 +35,11 @@ def test_wanted_versions_keeps_labelled_versions_that_exist():
     assert wanted_versions(_entry(stable=2, gone=9), [1, 2, 3]) == [2, 3]
 
 
+def test_tf_serving_rules_aspire_by_policy_alone():
+    """With TF Serving's rules labels do not keep a version loaded: only the policy decides."""
+    assert wanted_versions(_entry(stable=2), [1, 2, 3], keep_labelled=False) == [3]
+
+
 def test_a_failed_version_is_retried_only_once_its_files_change(tmp_path):
     for version in (1, 2):
         (tmp_path / str(version)).mkdir()
@@ -40,10 +47,22 @@ def test_a_failed_version_is_retried_only_once_its_files_change(tmp_path):
     entry = _entry()
     entry.base_path = str(tmp_path)
     entry.model_version_policy.all.SetInParent()
-    failed = {2: (folder_fingerprint(str(tmp_path / "2")), "ValueError: broken")}
-    assert aspired_versions(entry, failed) == [1]
+    failed = {2: Failure(folder_fingerprint(str(tmp_path / "2")), grpc.StatusCode.UNKNOWN, "ValueError: broken")}
+    assert aspired_versions(entry, failed) == {1: str(tmp_path / "1")}
     (tmp_path / "2" / "saved_model.pb").write_bytes(b"fixed")  # new files: tried again
-    assert aspired_versions(entry, failed) == [1, 2]
+    assert aspired_versions(entry, failed) == {1: str(tmp_path / "1"), 2: str(tmp_path / "2")}
+
+
+def test_version_folders_are_read_as_tf_serving_reads_them(tmp_path):
+    """file_system_storage_path_source.cc: a child whose name parses as a base-10 integer is that
+    version, loaded from the folder as named; other names are not versions."""
+    for name in ("00000123", "7", "007", "12x", "-3", "+4", " 5", "\u0663", "99999999999999999999", "1e3"):
+        (tmp_path / name).mkdir()
+    assert version_folders(str(tmp_path)) == {123: "00000123", 7: "7"}  # "007" and "7": the one sorting last
+    entry = _entry()
+    entry.base_path = str(tmp_path)
+    assert aspired_versions(entry, {}) == {123: str(tmp_path / "00000123")}
+    assert parse_version("\u0663") is None and "\u0663".isdigit()  # ARABIC-INDIC DIGIT THREE: not a version
 
 
 class _PausingDict(dict):
@@ -91,8 +110,9 @@ def test_status_during_a_failing_load_sees_a_consistent_map(tmp_path, monkeypatc
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name="m", base_path=str(tmp_path / "m"), model_platform="tensorflow")
     manager = ModelManager(str(tmp_path), ServingConfig())
-    manager.apply_config(config)
-    assert manager.status("m") == [(1, "END", "ValueError: version 1 is broken")]
+    manager.apply_config(config, from_network=False)
+    unknown = grpc.StatusCode.UNKNOWN
+    assert manager.status("m") == [(1, "END", unknown, "ValueError: version 1 is broken")]
 
     state = manager._models["m"]
     state.failed = paused = _PausingDict(state.failed)
@@ -107,6 +127,6 @@ def test_status_during_a_failing_load_sees_a_consistent_map(tmp_path, monkeypatc
     finally:
         status_iterating.set()
         worker.join(timeout=30)
-    assert during == [(1, "END", "ValueError: version 1 is broken")]
-    assert manager.status("m") == [(1, "END", "ValueError: version 1 is broken"),
-                                   (2, "END", "ValueError: version 2 is broken")]
+    assert during == [(1, "END", unknown, "ValueError: version 1 is broken")]
+    assert manager.status("m") == [(1, "END", unknown, "ValueError: version 1 is broken"),
+                                   (2, "END", unknown, "ValueError: version 2 is broken")]

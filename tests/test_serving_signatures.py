@@ -3,6 +3,7 @@ eager call as the fallback, and the same answers either way."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from serving.servable import Servable
@@ -38,8 +39,9 @@ def test_session_calls_match_the_eager_signatures(tmp_path):
     servable.unload()
 
 
-def test_a_model_a_session_cannot_load_is_called_eagerly(tmp_path):
-    """No `serve` tag: TF Serving's loader (and the Session path) refuse it; the eager call serves it."""
+def test_the_metagraph_is_the_one_with_the_served_tags(tmp_path):
+    """TF Serving loads the MetaGraph whose tags are --saved_model_tags (default `serve`): a model
+    saved under other tags is refused with TensorFlow's NOT_FOUND, and served when asked for them."""
     class Doubler(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
         def double(self, x):
@@ -57,9 +59,12 @@ def test_a_model_a_session_cannot_load_is_called_eagerly(tmp_path):
     with open(f"{path}/saved_model.pb", "wb") as f:
         f.write(proto.SerializeToString())
 
-    servable = Servable("doubler", 1, path, None, 10**6)
-    assert servable.call_mode == "eager"
+    with pytest.raises(tf.errors.NotFoundError, match="MetaGraphDef associated with tags 'serve' could not be found"):
+        Servable("doubler", 1, path, None, 10**6)
+    servable = Servable("doubler", 1, path, None, 10**6, tags=("custom",))
+    assert servable.call_mode == "session"
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
+    servable.unload()
 
 
 def test_v1_control_flow_runs_on_the_default_executor(tmp_path):

@@ -39,7 +39,7 @@ SETTINGS = ["trainer.strategy=multi_worker", "trainer.epochs=4", "trainer.batch_
 
 def start_pair(splits, work_dir, module, logs_dir, tag) -> list[subprocess.Popen]:
     cluster = {"worker": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(2)]}
-    sets = [f"--set={s}" for s in [*SETTINGS, f"trainer.module_file={module}"]]
+    sets = [f"--set={s}" for s in [*SETTINGS, f"trainer.module_file={module}", f"pipeline.root={work_dir}"]]
     workers = []
     for index in range(2):
         env = subprocess_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))

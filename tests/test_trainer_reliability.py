@@ -30,7 +30,8 @@ SETTINGS = ["trainer.epochs=4", "trainer.batch_size=8", "trainer.checkpoint_ever
 
 
 def command(splits, work_dir, module):
-    sets = [f"--set={s}" for s in SETTINGS + [f"trainer.module_file={module}", "data.label=target"]]
+    sets = [f"--set={s}" for s in SETTINGS + [f"trainer.module_file={module}", "data.label=target",
+                                              f"pipeline.root={work_dir}"]]  # the command's log goes under it
     return [sys.executable, "-m", "pipeline.cli", "train", "--train", splits[0], "--eval", splits[1],
             "--work-dir", str(work_dir), *sets]
 

@@ -76,6 +76,26 @@ def test_inferred_schema_types_presence_domains_and_trainer_kinds(tmp_path):
     assert kinds_from_schema(schema) == {"color": "string", "count": "int64", "size": "float32"}
 
 
+def test_a_column_sparse_in_training_gets_no_presence_floor(tmp_path):
+    """A column mostly empty in the train split (75% here, over max_missing_fraction) does not stop
+    the run that inferred the schema from that split; a column present enough keeps the floor, and
+    a later split where it drops below is still reported."""
+    train = rows(200)
+    for row in train[:150]:
+        row["color"] = None
+    schema = infer_schema(stats_of(tmp_path, "train", train), ValidationConfig())
+    by = {f.name: f for f in schema.feature}
+    assert by["color"].presence.min_fraction == 0 and by["color"].presence.min_count == 1
+    assert by["size"].presence.min_fraction == pytest.approx(0.5)
+    _, found = check(tmp_path, train, [dict(r) for r in train])
+    assert not [k for k in found if k[1] == "FEATURE_TYPE_LOW_FRACTION_PRESENT"]
+    thin = rows(100, seed=4)
+    for row in thin[:70]:
+        row["size"] = None
+    _, found = check(tmp_path, train, thin)
+    assert "70%" in found[("size", "FEATURE_TYPE_LOW_FRACTION_PRESENT")]
+
+
 def test_clean_eval_split_has_no_anomalies(tmp_path):
     config = ValidationConfig()
     train = stats_of(tmp_path, "train", rows(300, seed=1))

@@ -37,7 +37,7 @@ def new_category(rows):
 
 def text_values(rows):
     """One value in seven of bill_length_mm becomes text: below validation.numeric_text_fraction."""
-    return [{**row, "bill_length_mm": ("n/a" if i % 14 == 0 else "unknown")} if i % 7 == 0 else row
+    return [{**row, "bill_length_mm": ("?" if i % 14 == 0 else "unknown")} if i % 7 == 0 else row
             for i, row in enumerate(rows)]
 
 
@@ -92,7 +92,7 @@ def test_daily_runs_on_one_root(tmp_path, capsys):
         assert f"] {feature}: '{feature}'" in text and kind in text, name
         assert "stopped before training" in text and "loopline data accept" in text, name
         assert trained_models(root) == (1, 1), f"{name}: something was trained or pushed"
-    assert "'n/a'" in text and "'unknown'" in text  # the text scenario quotes the values
+    assert "'?'" in text and "'unknown'" in text  # the text scenario quotes the values
     assert "'Atlantis'" not in text and "body_mass_g" not in text  # each stop names its own feature
 
     # The text change is intended: accept the stopped run's data, then run again on it.

@@ -54,13 +54,13 @@ def test_text_in_numeric_column_stops_in_a_first_run(tmp_path, capsys):
 
     rows = penguin_rows()
     rows[7]["body_mass_g"] = "heavy"
-    rows[40]["body_mass_g"] = "n/a"
+    rows[40]["body_mass_g"] = "?"
     data = write_csv(tmp_path / "p.csv", rows)
     common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path / 'ws'}"]
     code = main(["run", *common, "--set", "trainer.epochs=1", "--set", f"data.path={data}"])
     err = capsys.readouterr().err
     assert code == 1
-    assert "] body_mass_g: 'body_mass_g' is a numeric column" in err and "'heavy'" in err and "'n/a'" in err
+    assert "] body_mass_g: 'body_mass_g' is a numeric column" in err and "'heavy'" in err and "'?'" in err
     assert not (tmp_path / "ws" / "tfx" / "Trainer").exists()
     # The stopped run's anomalies stay readable: the data report shows them.
     assert main(["data", "report", *common, "--out", str(tmp_path / "report")]) == 0

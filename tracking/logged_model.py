@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import warnings
 import os
 from importlib import metadata
 from pathlib import Path
@@ -62,9 +61,7 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
     wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
     signature = infer_signature(input_example, wrapper.predict(None, input_example))
 
-    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), \
-            warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
+    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         info = mlflow.pyfunc.log_model(
             name=name,
             python_model=PYFUNC_CODE,

@@ -29,9 +29,13 @@ class Promotion:
     serving_label: str | None = None
     serving_version: int | None = None
     models_config: str | None = None  # the file rewritten, if any
+    removed_version: int | None = None  # the serving version retention had removed (pushed again)
 
     def lines(self) -> list[str]:
         out = [f"{self.model}@{self.alias}: version {self.previous or '(none)'} -> {self.version}"]
+        if self.removed_version is not None:
+            out.append(f"serving version {self.removed_version} had been removed from the serving folder; "
+                       f"pushed again from the registry as {self.serving_version}")
         if self.models_config:
             out.append(f"TF Serving label '{self.serving_label}' -> version {self.serving_version} in {self.models_config}")
         return out
@@ -43,6 +47,25 @@ def previous_tag(alias: str) -> str:
 
 def history_tag(alias: str) -> str:
     return f"loopline.alias_history.{alias}"
+
+
+def aliased_serving_versions(client, model: str) -> set[int]:
+    """The TF Serving versions the registered model's aliases point to (none when the model is not
+    registered yet). Raises when the registry cannot answer."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        aliases = client.get_registered_model(model).aliases or {}
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return set()
+        raise
+    versions = set()
+    for version in set(aliases.values()):
+        serving_version = client.get_model_version(model, str(version)).tags.get(TAG_SERVING_VERSION)
+        if serving_version and serving_version.isdigit():
+            versions.add(int(serving_version))
+    return versions
 
 
 def alias_holder(client, model: str, alias: str) -> str | None:
@@ -99,8 +122,14 @@ def move_alias(client, model: str, alias: str, version: str | None = None, rollb
 
 
 def follow_in_serving(client, promotion: Promotion, models_config: str, served_name: str, label: str) -> Promotion:
-    """Sets TF Serving's version label `label` to the promoted version's pushed (serving) version."""
-    from serving.model_config import set_version_labels
+    """Sets TF Serving's version label `label` to the promoted version's pushed (serving) version,
+    pushing the registered model again when retention removed that version's folder."""
+    import os
+
+    import tensorflow as tf  # the serving root may be on gs://...
+
+    from serving.config_writer import models_config_lock
+    from serving.model_config import available_versions, safe_base_path, set_version_labels
 
     tags = _get_version(client, promotion.model, promotion.version).tags
     serving_version = tags.get(TAG_SERVING_VERSION)
@@ -108,13 +137,46 @@ def follow_in_serving(client, promotion: Promotion, models_config: str, served_n
         raise PromotionError(
             f"{promotion.model} version {promotion.version} has no '{TAG_SERVING_VERSION}' tag (it was not pushed), "
             f"so TF Serving's label '{label}' cannot follow; the MLflow alias was moved")
-    import tensorflow as tf  # the serving root may be on gs://...
-
     if not tf.io.gfile.exists(models_config):
         raise PromotionError(f"{models_config} does not exist (nothing served yet); the MLflow alias was moved")
-    set_version_labels(models_config, served_name, {label: int(serving_version)})
-    promotion.serving_label, promotion.serving_version, promotion.models_config = label, int(serving_version), models_config
+    serving_root = os.path.dirname(models_config)
+    base = safe_base_path(serving_root, served_name)
+    version = int(serving_version)
+    if version not in available_versions(base):
+        promotion.removed_version = version
+        version = _push_again(client, promotion, base)
+    with models_config_lock(serving_root):
+        set_version_labels(models_config, served_name, {label: version})
+    promotion.serving_label, promotion.serving_version, promotion.models_config = label, version, models_config
     return promotion
+
+
+def _push_again(client, promotion: Promotion, base: str) -> int:
+    """Pushes the registered version's SavedModel (from its logged MLflow model) as a new serving
+    version and re-tags the registered version with it."""
+    import os
+    import tempfile
+
+    from mlflow.artifacts import download_artifacts
+    from mlflow.models import Model
+
+    from serving.push import push_model
+    from tracking.logged_model import fluent_tracking_uri
+
+    try:
+        with tempfile.TemporaryDirectory() as scratch, fluent_tracking_uri(client.tracking_uri):
+            uri = client.get_model_version_download_uri(promotion.model, promotion.version)
+            local = download_artifacts(artifact_uri=uri, dst_path=scratch)
+            saved_model = Model.load(local).flavors["python_function"]["artifacts"]["saved_model"]["path"]
+            pushed = push_model(os.path.join(local, saved_model), base)
+    except Exception as exc:  # noqa: BLE001 - said in one line; the alias has moved already
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise PromotionError(
+            f"{promotion.model} version {promotion.version}: its serving version {promotion.removed_version} was "
+            f"removed from {base} and the registered model could not be pushed again ({first}); "
+            "the MLflow alias was moved, TF Serving's labels were not") from None
+    client.set_model_version_tag(promotion.model, promotion.version, TAG_SERVING_VERSION, str(pushed.version))
+    return pushed.version
 
 
 @dataclass

@@ -10,16 +10,11 @@ column per class. It calls the SavedModel's `predict_raw` signature.
 """
 import json
 import os
-import warnings
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 from mlflow.models import set_model
-
-# The input is a DataFrame validated against the logged signature; MLflow's type-hint inference
-# would only repeat that, but warns on every load without it.
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")  # text starts with a colour code
 
 # Copies of serving/signature_names.py, the one definition of the export contract: MLflow copies
 # this file alone (models from code), so it cannot import it. tests/test_signature_names.py checks they are equal.
@@ -45,7 +40,9 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
         self._inputs = description.get("signature_names", {})
         self._heads = description["heads"]
 
-    def predict(self, context, model_input, params=None):
+    # `pd.DataFrame`: the input is validated against the logged signature. MLflow infers no schema
+    # from this hint (nor validates twice), and without a hint it warns each time the class is defined.
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         tf = self._tf
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         if any(kind not in SCALAR_KINDS for kind in self._features.values()):

@@ -7,7 +7,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import portalocker
 from mlflow.tracking import MlflowClient
+
+# How long a command waits for another to finish creating the embedded store's tables.
+STORE_LOCK_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -41,9 +45,20 @@ def make_client(target: TrackingTarget) -> MlflowClient:
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(target.http_retries)
     os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, target.http_timeout_s)))
-    if target.tracking_uri.startswith("sqlite:///"):
-        Path(target.tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=target.tracking_uri, registry_uri=target.tracking_uri)
+    if not target.tracking_uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=target.tracking_uri, registry_uri=target.tracking_uri)
+    return _open_embedded_store(target.tracking_uri, Path(target.tracking_uri[len("sqlite:///"):]))
+
+
+def _open_embedded_store(uri: str, db_file: Path) -> MlflowClient:
+    """MLflow creates a SQLite store's tables when a process first opens it, and two processes
+    doing that at once fail one (`table _alembic_tmp_experiments already exists`): the first
+    opening of both stores (tracking and registry) happens under an OS lock beside the file."""
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    with portalocker.Lock(f"{db_file}.lock", timeout=STORE_LOCK_TIMEOUT_S):
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_registered_models(max_results=1)  # the registry's store opens on first use
+    return client
 
 
 def ensure_experiment(client: MlflowClient, target: TrackingTarget) -> str:

@@ -86,7 +86,8 @@ class Actions:
         self.stopping = EarlyStopping(run.selection.best if run.selection is not None else None, run.patience)
         self.metrics: dict[str, float] = {}
         self.evaluated_at = -1
-        self.since_eval = [0.0, 0]  # train loss summed over steps since the last evaluation, steps
+        # Each train loss ("loss"; a train_step's "<name>_loss") summed over the steps since the last evaluation, and the steps.
+        self.since_eval: dict[str, tuple[float, int]] = {}
 
     def _evaluation(self, data) -> SplitEvaluation:
         run = self.run
@@ -120,8 +121,9 @@ class Actions:
         """Train summaries and progress for the call's mean metrics."""
         self.summaries.scalars("train", step, out)
         self.progress.update(step, out)
-        if "loss" in out:
-            self.since_eval = [self.since_eval[0] + out["loss"] * n, self.since_eval[1] + n]
+        for key in [k for k in out if k == "loss" or k.endswith("_loss")]:
+            total, steps = self.since_eval.get(key, (0.0, 0))
+            self.since_eval[key] = (total + out[key] * n, steps + n)
 
     def evaluate(self, step: int, out: dict[str, float]) -> None:
         """The periodic evaluation of the weights to export now (the EMA ones where kept)."""
@@ -129,10 +131,11 @@ class Actions:
         self.metrics = self.evaluation(step)
         self.evaluated_at = step
         self.summaries.scalars(self.split, step, {k: v for k, v in self.metrics.items() if not k.endswith("_examples")})
+        write_images(self.summaries, self.split, step, self.run)
         run = self.run
-        _log_evaluation(step, run.steps_per_epoch, run.total_steps, run.config.epochs, self.since_eval,
-                        self.split, self.metrics, out)
-        self.since_eval = [0.0, 0]
+        _log_evaluation(self.progress.log, step, run.steps_per_epoch, run.total_steps, run.config.epochs,
+                        self.since_eval, self.split, self.metrics, out)
+        self.since_eval = {}
 
     def finish(self, step: int) -> TrainResult:
         """Puts the weights to export in the export model (the best evaluation's, with
@@ -186,6 +189,14 @@ def sync_export_model(run: Run) -> None:
     run.export_model.set_weights([keras.ops.convert_to_numpy(averaged.get(id(v), v)) for v in run.model.weights])
 
 
+def write_images(summaries: Summaries, split: str, step: int, run: Run) -> None:
+    """The module's `summary_images(models) -> {tag: [k, h, w, c] in [0, 1]}` (e.g. a GAN's
+    generated samples), to TensorBoard's images dashboard at each evaluation (under its split)."""
+    hook = getattr(run.module, "summary_images", None)
+    if hook is not None and summaries.folder is not None:
+        summaries.images(split, step, hook(run.models))
+
+
 def write_histograms(summaries: Summaries, step: int, run: Run) -> None:
     """Weights (live, not EMA) and, with heads, gradients and per-layer grad norms on a fixed batch."""
     export_model = run.export_model
@@ -227,10 +238,11 @@ def _record_final_weights(heads, weights_fn, step, metrics, model) -> None:
         head.weight = float(weights.get(head.name, head.weight))
 
 
-def _log_evaluation(step, steps_per_epoch, total_steps, epochs, since_eval, split, metrics, out) -> None:
-    """One line per evaluation: the mean train loss over the steps since the last one (the
+def _log_evaluation(logger, step, steps_per_epoch, total_steps, epochs, since_eval, split, metrics, out) -> None:
+    """One line per evaluation: the mean train losses over the steps since the last one (the
     epoch's, with the default eval_every_steps), the split's metrics and the last call's rate."""
-    train_loss = since_eval[0] / since_eval[1] if since_eval[1] else float("nan")
+    losses = {k: total / steps for k, (total, steps) in since_eval.items()} or {"loss": float("nan")}
+    train = " ".join(f"train_{k}={v:.4g}" for k, v in losses.items())
     shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.endswith("_examples"))
-    log.info("epoch %d/%d step %d/%d train_loss=%.4g %s %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
-             epochs, step, total_steps, train_loss, split, shown, out["examples_per_sec"])
+    logger.info("epoch %d/%d step %d/%d %s %s %s (%.0f examples/s)", math.ceil(step / steps_per_epoch),
+                epochs, step, total_steps, train, split, shown, out["examples_per_sec"])

@@ -8,6 +8,8 @@ import time
 
 import tensorflow as tf
 
+from trainer.summaries import progress_log
+
 log = logging.getLogger("loopline.trainer")
 
 
@@ -62,7 +64,7 @@ class Checkpoints:
             return 0
         self.checkpoint.restore(latest).expect_partial()
         step = int(step_variable.numpy())
-        log.info("resumed from step %d (%s)", step, latest)
+        progress_log.info("resumed from step %d (%s)", step, latest)  # on the terminal: not a fresh start
         return step
 
     def save(self, step: int) -> str | None:

@@ -9,6 +9,9 @@
 - `predict_raw`: one `[batch, ...feature shape]` tensor per feature (float32 numbers and decoded
   images, strings), JSON friendly;
   outputs named as `named_outputs` says.
+
+A model without heads (a GAN's generator: a latent vector in, an image out) reads no tf.Example:
+it is served as itself (`export_as_itself`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from trainer.export_config import ExportConfig
 from trainer.features import FeatureKinds, feature_shape, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
 from trainer import tflite
-from trainer.warmup import write_warmup
+from trainer.warmup import predict_log, write_logs, write_warmup
 
 log = logging.getLogger("loopline.export")
 REPORT_JSON = "export_report.json"
@@ -130,6 +133,27 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     return export_dir
 
 
+def own_input_spec(model: keras.Model) -> dict[str, tf.TensorSpec]:
+    """A model's own inputs, by their names (e.g. a generator's latent vector)."""
+    return {t.name: tf.TensorSpec(t.shape, t.dtype, name=t.name) for t in model.inputs}
+
+
+def export_as_itself(model: keras.Model, export_dir: str) -> str:
+    """A model without heads has no tf.Example to read: `serving_default` (method predict, as TF
+    Serving's Predict and REST `:predict` call it) takes its own inputs by name and returns its
+    outputs by name. Returns `export_dir`."""
+    def serve(inputs):  # the inputs in the structure the model was built with (one tensor, a list, a dict)
+        outputs = model(keras.tree.map_structure(lambda t: inputs[t.name], model.input), training=False)
+        return outputs if isinstance(outputs, dict) else dict(zip(model.output_names, tf.nest.flatten(outputs)))
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(names.DEFAULT, serve, input_signature=[own_input_spec(model)])
+    archive.write_out(export_dir, verbose=False)
+    set_method_names(export_dir, {names.DEFAULT: names.PREDICT_METHOD})
+    return export_dir
+
+
 def set_method_names(export_dir: str, methods: dict[str, str]) -> None:
     """Sets the signatures' method names in saved_model.pb (TF2 writes every one as predict;
     TF Serving checks them with --enable_signature_method_name_check)."""
@@ -206,6 +230,8 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     in the report); when it is one of `config.required_variants`, tflite.ParityError is raised
     after the report is written."""
     model = float32_model(model)
+    if not heads:
+        return _export_without_heads(model, metrics, serving_dir, artifact_dir, config)
     export_saved_model(model, kinds, heads, serving_dir, default)
     eval_examples = read_examples(eval_pattern, config.parity_examples)
     if not eval_examples:
@@ -254,6 +280,32 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     write_report(artifact_dir, report)
     if required:
         raise tflite.ParityError(required)
+    return report
+
+
+def _export_without_heads(model: keras.Model, metrics: dict[str, float], serving_dir: str, artifact_dir: str,
+                          config: ExportConfig) -> dict:
+    """A model without heads served as itself, with a warmup request (zeros of its inputs' shapes)
+    and the report. Its inputs are not the data's, so a TFLite variant has no examples to pass
+    the parity gate on: asking for one is refused."""
+    if config.tflite_variants:
+        raise ValueError(f"export.tflite_variants={config.tflite_variants}: the exported model '{model.name}' has no "
+                         "heads, so it is served on its own inputs, not the data's examples, and TFLite parity cannot be "
+                         "checked for it; set export.tflite_variants: [] (a resumed run exports from the last checkpoint)")
+    export_as_itself(model, serving_dir)
+    one = {name: tf.zeros([1, *(d or 1 for d in spec.shape[1:])], spec.dtype).numpy()
+           for name, spec in own_input_spec(model).items()}
+    write_logs(serving_dir, [predict_log(names.DEFAULT, one)])
+    loaded = tf.saved_model.load(serving_dir)
+    report = {
+        "signatures": _signatures(loaded),
+        "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
+                        "latency_ms": tflite.saved_model_latency_ms(loaded.signatures[names.DEFAULT], one,
+                                                                    config.latency_runs)},
+        "metrics": metrics,
+        "tflite": [],
+    }
+    write_report(artifact_dir, report)
     return report
 
 

@@ -24,8 +24,11 @@ For full control of the step (e.g. a GAN with two optimizers) it may instead def
   build_optimizers(ctx, learning_rate) -> dict[str, Optimizer]   keyed like the models they train;
                                             ctx.learning_rates[name] is each one's schedule
   train_step(step_ctx, features, targets) -> dict[str, tf.Tensor]
+  summary_images(models) -> {tag: [k, h, w, c] floats in [0, 1]}   images for TensorBoard at each
+                                            evaluation (e.g. a generator's samples)
 The loop still runs the strategy, steps_per_loop, checkpoints, summaries and evaluation; the
-returned values are logged after a SUM over replicas (so scale them by the global batch).
+returned values are logged after a SUM over replicas (so scale them by the global batch). An
+exported model without heads (LABELS = []) is served on its own inputs (trainer.export).
 """
 from __future__ import annotations
 

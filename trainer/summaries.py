@@ -13,6 +13,8 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 log = logging.getLogger("loopline.trainer")
+# Progress lines when no bar is drawn: the command line shows this logger's records on the terminal.
+progress_log = logging.getLogger("loopline.trainer.progress")
 
 
 def _metadata(plugin: str) -> bytes:
@@ -25,7 +27,17 @@ def _metadata(plugin: str) -> bytes:
     return meta.SerializeToString()
 
 
-_SCALAR, _HISTOGRAM = _metadata("scalars"), _metadata("histograms")
+_SCALAR, _HISTOGRAM, _IMAGE = _metadata("scalars"), _metadata("histograms"), _metadata("images")
+
+
+def image_tensor(images) -> tf.Tensor:
+    """`[k, h, w, c]` floats in [0, 1] as the images plugin's tensor: width, height, then one PNG
+    per image (what tf.summary.image writes)."""
+    images = tf.cast(images, tf.float32)  # bfloat16 or float16 under mixed precision
+    pixels = tf.cast(tf.round(tf.clip_by_value(images, 0.0, 1.0) * 255.0), tf.uint8)
+    pngs = tf.map_fn(tf.io.encode_png, pixels, fn_output_signature=tf.string)
+    size = tf.strings.as_string(tf.shape(images)[2:0:-1])  # width, height
+    return tf.concat([size, pngs], axis=0)
 
 
 def histogram_buckets(values: np.ndarray, bins: int = 30) -> np.ndarray:
@@ -77,6 +89,14 @@ class Summaries:
                 for key, value in values.items():
                     tf.summary.write(key, histogram_buckets(value), metadata=_HISTOGRAM)
 
+    def images(self, split: str, step: int, values: dict) -> None:
+        """`{tag: [k, h, w, c] floats in [0, 1]}` for TensorBoard's images dashboard."""
+        writer = self._writer(split)
+        if writer:
+            with writer.as_default(step=step):
+                for key, value in values.items():
+                    tf.summary.write(key, image_tensor(value), metadata=_IMAGE)
+
     def close(self) -> None:
         for writer in self.writers.values():
             writer.flush()
@@ -84,7 +104,8 @@ class Summaries:
 
 
 class Progress:
-    """A tqdm bar over the run's steps on a terminal; a log line per report otherwise."""
+    """A tqdm bar over the run's steps on a terminal; a log line per report otherwise. `log`:
+    where the per-evaluation lines go (with a bar, the log only)."""
 
     def __init__(self, mode: str, total_steps: int, initial: int = 0, log_every_seconds: float = 30.0):
         self.bar = None
@@ -94,6 +115,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_steps, initial=initial, unit="step", dynamic_ncols=True)
+        self.log = log if self.bar is not None else progress_log
 
     def update(self, step: int, values: dict[str, float]) -> None:
         shown = {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "examples_per_sec", "learning_rate")}
@@ -102,7 +124,7 @@ class Progress:
             self.bar.set_postfix(shown, refresh=True)
         elif time.monotonic() - self.last_log >= self.log_every_seconds:
             self.last_log = time.monotonic()
-            log.info("step %d %s", step, " ".join(f"{k}={v}" for k, v in shown.items()))
+            progress_log.info("step %d %s", step, " ".join(f"{k}={v}" for k, v in shown.items()))
 
     def close(self) -> None:
         if self.bar is not None:

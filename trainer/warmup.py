@@ -48,14 +48,20 @@ def write_warmup(export_dir: str, serialized_examples: list[bytes], raw_features
     `predict_raw` request. Returns the file's path."""
     if not serialized_examples:
         raise ValueError("warmup needs at least one example")
-    folder = os.path.join(export_dir, names.ASSETS_EXTRA)
-    tf.io.gfile.makedirs(folder)
+    logs = [examples_log(default_method, names.DEFAULT, serialized_examples),
+            predict_log(names.PREDICT, {names.INPUTS: np.array(serialized_examples, dtype=object)})]
+    if raw_features:
+        logs.append(predict_log(names.PREDICT_RAW, raw_features))
+    return write_logs(export_dir, logs)
+
+
+def write_logs(export_dir: str, logs: list[prediction_log_pb2.PredictionLog]) -> str:
+    """The warmup file holding `logs`; returns its path."""
+    tf.io.gfile.makedirs(os.path.join(export_dir, names.ASSETS_EXTRA))
     path = names.warmup_file(export_dir)
     with tf.io.TFRecordWriter(path) as writer:
-        writer.write(examples_log(default_method, names.DEFAULT, serialized_examples).SerializeToString())
-        writer.write(predict_log(names.PREDICT, {names.INPUTS: np.array(serialized_examples, dtype=object)}).SerializeToString())
-        if raw_features:
-            writer.write(predict_log(names.PREDICT_RAW, raw_features).SerializeToString())
+        for entry in logs:
+            writer.write(entry.SerializeToString())
     return path
 
 

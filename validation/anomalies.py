@@ -240,23 +240,20 @@ def _check_range(out: _Collector, feature, stats) -> None:
 
 
 def _check_skew(out: _Collector, feature, stats, baseline, baseline_name: str, config: ValidationConfig) -> None:
+    """Train/eval skew: the measure and threshold of _skew_of, in this check's own words."""
+    measured = _skew_of(feature, stats, baseline, config)
+    if measured is None or measured[1] <= measured[2]:
+        return
+    kind, value, threshold, _ = measured
     name = feature.name
-    comparator = feature.skew_comparator
-    if stats.type == FNS.STRING and baseline.type == FNS.STRING:
-        threshold = comparator.infinity_norm.threshold if comparator.HasField("infinity_norm") else config.max_linf_distance
-        gap, value = linf_distance(baseline, stats)
-        if gap > threshold:
-            out.add(name, T.COMPARATOR_L_INFTY_HIGH, "High L-infinity distance between splits",
-                    f"'{name}' category frequencies differ from '{baseline_name}': L-infinity distance {gap:.3f} "
-                    f"> {threshold:g} (largest change: {value!r}).")
-    elif stats.type in (FNS.INT, FNS.FLOAT) and baseline.type in (FNS.INT, FNS.FLOAT):
-        has = comparator.HasField("jensen_shannon_divergence")
-        threshold = comparator.jensen_shannon_divergence.threshold if has else config.max_js_divergence
-        divergence = js_divergence(baseline, stats)
-        if divergence > threshold:
-            out.add(name, T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH, "High Jensen-Shannon divergence between splits",
-                    f"'{name}' distribution differs from '{baseline_name}': Jensen-Shannon divergence {divergence:.3f} "
-                    f"> {threshold:g} (mean {baseline.num_stats.mean:.4g} -> {stats.num_stats.mean:.4g}).")
+    if kind == M.L_INFTY:
+        out.add(name, T.COMPARATOR_L_INFTY_HIGH, "High L-infinity distance between splits",
+                f"'{name}' category frequencies differ from '{baseline_name}': L-infinity distance {value:.3f} "
+                f"> {threshold:g} (largest change: {linf_distance(baseline, stats)[1]!r}).")
+    else:
+        out.add(name, T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH, "High Jensen-Shannon divergence between splits",
+                f"'{name}' distribution differs from '{baseline_name}': Jensen-Shannon divergence {value:.3f} "
+                f"> {threshold:g} (mean {baseline.num_stats.mean:.4g} -> {stats.num_stats.mean:.4g}).")
 
 
 M = anomalies_pb2.DriftSkewInfo.Measurement
@@ -268,24 +265,62 @@ def _share(counts: dict[str, float], value: str) -> float:
     return counts.get(value, 0.0) / total if total else 0.0
 
 
-def _drift_of(feature, stats, baseline, config: ValidationConfig):
-    """(measurement type, value, threshold, words) of one feature against the baseline, or None
+def _measure(comparator, stats, baseline, max_linf: float, max_js: float):
+    """(measurement type, value, threshold, words) of one feature against another distribution of
+    it (`comparator`: the schema's skew or drift comparator, else the thresholds given), or None
     when the two are not comparable (their types differ: that is a schema anomaly)."""
-    comparator = feature.drift_comparator
     if stats.type == FNS.STRING and baseline.type == FNS.STRING:
-        threshold = comparator.infinity_norm.threshold if comparator.HasField("infinity_norm") else config.max_linf_drift
+        threshold = comparator.infinity_norm.threshold if comparator.HasField("infinity_norm") else max_linf
         gap, value = linf_distance(baseline, stats)
         shares = f"{_share(value_counts(baseline), value):.1%} -> {_share(value_counts(stats), value):.1%}"
         return M.L_INFTY, gap, threshold, f"L-infinity distance {gap:.3f} > {threshold:g} (largest change: {value!r}, {shares} of values)"
     if stats.type in (FNS.INT, FNS.FLOAT) and baseline.type in (FNS.INT, FNS.FLOAT):
         has = comparator.HasField("jensen_shannon_divergence")
-        threshold = comparator.jensen_shannon_divergence.threshold if has else config.max_js_drift
+        threshold = comparator.jensen_shannon_divergence.threshold if has else max_js
         divergence = js_divergence(baseline, stats)
         a, b = baseline.num_stats, stats.num_stats
         return (M.JENSEN_SHANNON_DIVERGENCE, divergence, threshold,
                 f"Jensen-Shannon divergence {divergence:.3f} > {threshold:g} (mean {a.mean:.4g} -> {b.mean:.4g}; "
                 f"range {a.min:.4g}..{a.max:.4g} -> {b.min:.4g}..{b.max:.4g})")
     return None
+
+
+def _drift_of(feature, stats, baseline, config: ValidationConfig):
+    return _measure(feature.drift_comparator, stats, baseline, config.max_linf_drift, config.max_js_drift)
+
+
+def _skew_of(feature, stats, baseline, config: ValidationConfig):
+    return _measure(feature.skew_comparator, stats, baseline, config.max_linf_distance, config.max_js_divergence)
+
+
+def _compare(split, stats, baseline, schema, config, anomalies, skew: bool, against: str) -> list[Problem]:
+    """Every schema feature of `stats` measured against `baseline`, recorded in `anomalies` as TFDV
+    records it (a `drift_skew_info` per feature: `skew_measurements` or `drift_measurements`),
+    with a COMPARATOR_* anomaly where the value is above the threshold."""
+    out = _Collector(split, anomalies)
+    by_name = {f.name: f for f in stats.features}
+    base_by_name = {f.name: f for f in baseline.features}
+    for feature in schema.feature:
+        current, previous = by_name.get(feature.name), base_by_name.get(feature.name)
+        if current is None or previous is None or not common_stats(current).num_non_missing:
+            continue  # a dropped column is the schema check's to report
+        measured = (_skew_of if skew else _drift_of)(feature, current, previous, config)
+        if measured is None:
+            continue
+        kind, value, threshold, words = measured
+        info = anomalies.drift_skew_info.add()
+        info.path.step.append(feature.name)
+        (info.skew_measurements if skew else info.drift_measurements).add(type=kind, value=value, threshold=threshold)
+        if value > threshold:
+            anomaly = T.COMPARATOR_L_INFTY_HIGH if kind == M.L_INFTY else T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH
+            name = "L-infinity distance" if kind == M.L_INFTY else "approximate Jensen-Shannon divergence"
+            if skew:
+                out.add(feature.name, anomaly, f"High {name} between training and serving",
+                        f"'{feature.name}' in '{split}' is skewed from {against}: {words}.")
+            else:
+                out.add(feature.name, anomaly, f"High {name} between current and previous",
+                        f"'{feature.name}' drifted from {against}: {words}.")
+    return out.problems
 
 
 def check_drift(
@@ -295,30 +330,29 @@ def check_drift(
     schema: schema_pb2.Schema,
     config: ValidationConfig,
     anomalies: anomalies_pb2.Anomalies,
+    against: str | None = None,
 ) -> list[Problem]:
-    """Drift of a split against the baseline's split of the same name, added to `anomalies` as
-    TFDV records it: a `drift_skew_info` measurement for every compared feature, and a
-    COMPARATOR_* anomaly where the value is above the threshold."""
-    out = _Collector(split, anomalies)
-    by_name = {f.name: f for f in stats.features}
-    base_by_name = {f.name: f for f in baseline.features}
-    for feature in schema.feature:
-        current, previous = by_name.get(feature.name), base_by_name.get(feature.name)
-        if current is None or previous is None or not common_stats(current).num_non_missing:
-            continue  # a dropped column is the schema check's to report
-        measured = _drift_of(feature, current, previous, config)
-        if measured is None:
-            continue
-        kind, value, threshold, words = measured
-        info = anomalies.drift_skew_info.add()
-        info.path.step.append(feature.name)
-        info.drift_measurements.add(type=kind, value=value, threshold=threshold)
-        if value > threshold:
-            anomaly = T.COMPARATOR_L_INFTY_HIGH if kind == M.L_INFTY else T.COMPARATOR_JENSEN_SHANNON_DIVERGENCE_HIGH
-            name = "L-infinity distance" if kind == M.L_INFTY else "approximate Jensen-Shannon divergence"
-            out.add(feature.name, anomaly, f"High {name} between current and previous",
-                    f"'{feature.name}' drifted from the baseline's '{split}' split: {words}.")
-    return out.problems
+    """Drift of a split against the baseline's split of the same name (`against`: what the
+    baseline is, in words), added to `anomalies` as TFDV records it: a `drift_skew_info`
+    measurement for every compared feature, and a COMPARATOR_* anomaly where the value is above
+    the threshold (the schema's drift_comparator, else validation.max_linf_drift / max_js_drift)."""
+    return _compare(split, stats, baseline, schema, config, anomalies, False, against or f"the baseline's '{split}' split")
+
+
+def check_skew(
+    split: str,
+    stats: statistics_pb2.DatasetFeatureStatistics,
+    training: statistics_pb2.DatasetFeatureStatistics,
+    schema: schema_pb2.Schema,
+    config: ValidationConfig,
+    anomalies: anomalies_pb2.Anomalies,
+    against: str = "the training data",
+) -> list[Problem]:
+    """Training/serving skew, as TFDV's validate_statistics with serving statistics: served data
+    against the training split, a `skew_measurements` entry for every compared feature and a
+    COMPARATOR_* anomaly above the threshold (the schema's skew_comparator, else
+    validation.max_linf_distance / max_js_divergence, the train/eval skew thresholds)."""
+    return _compare(split, stats, training, schema, config, anomalies, True, against)
 
 
 def validate_split(

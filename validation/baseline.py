@@ -109,6 +109,21 @@ def read_baseline_folder(location: str) -> Baseline:
     return _load(location, _read_record(path), path)
 
 
+def baseline_of_version(directory: str, version: int | str) -> Baseline | None:
+    """The baseline written when serving version `version` was pushed (the data that model was
+    trained and evaluated on), newest first; None when no baseline names it."""
+    if not tf.io.gfile.isdir(directory):
+        return None
+    for folder in sorted((e.rstrip("/") for e in tf.io.gfile.listdir(directory)), reverse=True):
+        path = os.path.join(directory, folder, RECORD_FILE)
+        if not tf.io.gfile.exists(path):
+            continue
+        record = _read_record(path)
+        if str(record.get("source", {}).get("pushed_version", "")) == str(version):
+            return _load(os.path.join(directory, folder), record, path)
+    return None
+
+
 def _load(location: str, record: dict, named_by: str) -> Baseline:
     schema_path = os.path.join(location, SCHEMA_FILE)
     try:

@@ -12,7 +12,8 @@ class ValidationConfig(BaseModel):
     # Report anomalies but let training go on (default: stop the pipeline before the Trainer).
     warn_only: bool = False
     # A feature missing in more than this fraction of a split's examples is an anomaly
-    # (inferred schemas get `presence.min_fraction = 1 - max_missing_fraction`).
+    # (inferred schemas get `presence.min_fraction = 1 - max_missing_fraction`, except for a feature
+    # already below that in the split the schema is inferred from: no fraction floor, as TFDV).
     max_missing_fraction: float = Field(0.5, ge=0.0, le=1.0)
     # String features with at most this many distinct values get a domain (their categories).
     max_domain_size: int = Field(100, ge=1)

@@ -44,9 +44,14 @@ def infer_schema(stats: statistics_pb2.DatasetFeatureStatistics, config: Validat
     schema = schema_pb2.Schema()
     for feature_stats in stats.features:
         feature = schema.feature.add(name=feature_stats.name, type=SCHEMA_TYPES[feature_stats.type])
-        feature.presence.min_fraction = round(1.0 - config.max_missing_fraction, 6)
-        feature.presence.min_count = 1
         common = common_stats(feature_stats)
+        floor = round(1.0 - config.max_missing_fraction, 6)
+        # A schema inferred from a split must accept that split: a column already sparse in
+        # training (a CSV's mostly empty `cabin`) gets no fraction floor, as TFDV infers presence
+        # for a feature not always present; its disappearance is still caught by min_count.
+        if stats.num_examples and common.num_non_missing / stats.num_examples >= floor:
+            feature.presence.min_fraction = floor
+        feature.presence.min_count = 1
         if common.max_num_values <= 1:
             feature.value_count.min = 1
             feature.value_count.max = 1

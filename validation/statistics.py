@@ -157,7 +157,8 @@ class FeatureSummary:
 
     def __init__(self):
         self.kind: str | None = None  # "INT", "FLOAT", "STRING"; None until a value is seen
-        self.present = 0  # examples with at least one value
+        self.present = 0  # examples with the feature (TFDV's count: an empty value list is present)
+        self.empty = 0  # ... of which with an empty value list (a missing CSV cell)
         self.values = 0
         self.min_values, self.max_values = None, None
         self.numbers: _Numbers | None = None
@@ -181,6 +182,7 @@ class FeatureSummary:
         lengths = np.asarray(array.value_lengths().fill_null(0), np.int64)[present]
         if lengths.size:
             self._count(int(present.sum()), int(lengths.sum()), int(lengths.min()), int(lengths.max()))
+            self.empty += int(np.count_nonzero(lengths == 0))
         flat = array.flatten()
         if self.kind == "STRING":
             self.strings.add(flat)
@@ -198,6 +200,7 @@ class FeatureSummary:
         if other.kind is not None:
             self._set_kind(other.kind, name)
         self._count(other.present, other.values, other.min_values, other.max_values)
+        self.empty += other.empty
         for part in ("numbers", "strings"):
             mine, theirs = getattr(self, part), getattr(other, part)
             if theirs is not None:
@@ -207,12 +210,29 @@ class FeatureSummary:
                     mine.merge(theirs)
 
     def common(self, total: int) -> statistics_pb2.CommonStatistics:
-        common = statistics_pb2.CommonStatistics(num_non_missing=self.present, num_missing=total - self.present,
+        present, low = self.present, self.min_values
+        if (self.max_values or 0) <= 1 and self.empty:  # one value or none (a CSV column): no value is a missing value
+            present, low = present - self.empty, 1
+        common = statistics_pb2.CommonStatistics(num_non_missing=present, num_missing=total - present,
                                                   tot_num_values=self.values)
-        if self.present:
-            common.min_num_values, common.max_num_values = self.min_values, self.max_values
-            common.avg_num_values = self.values / self.present
+        if present:
+            common.min_num_values, common.max_num_values = low, self.max_values
+            common.avg_num_values = self.values / present
         return common
+
+
+def summarize(records: list[bytes], decoder=None) -> tuple[int, dict[str, FeatureSummary]]:
+    """(examples, {feature: FeatureSummary}) of one batch of serialized tf.Examples."""
+    decoder = decoder or example_coder.ExamplesToRecordBatchDecoder()
+    try:
+        batch = decoder.DecodeBatch(records)
+    except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
+        raise ValueError(f"examples disagree on a feature's type: {exc}") from None
+    features = {}
+    for name, array in zip(batch.schema.names, batch.columns):
+        features[name] = FeatureSummary()
+        features[name].add(name, array)
+    return batch.num_rows, features
 
 
 def read_summaries(files: list[str], batch_size: int = 4096):
@@ -220,14 +240,9 @@ def read_summaries(files: list[str], batch_size: int = 4096):
     decoder = example_coder.ExamplesToRecordBatchDecoder()
     for records in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size).as_numpy_iterator():
         try:
-            batch = decoder.DecodeBatch(list(records))
-        except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
-            raise ValueError(f"{files}: examples disagree on a feature's type: {exc}") from None
-        features = {}
-        for name, array in zip(batch.schema.names, batch.columns):
-            features[name] = FeatureSummary()
-            features[name].add(name, array)
-        yield batch.num_rows, features
+            yield summarize(list(records), decoder)
+        except ValueError as exc:
+            raise ValueError(f"{files}: {exc}") from None
 
 
 def merge_summaries(parts) -> tuple[int, dict[str, FeatureSummary]]:
@@ -346,6 +361,37 @@ def compute_statistics(file_pattern: str, name: str) -> statistics_pb2.DatasetFe
         return to_statistics(name, *merge_summaries(read_summaries(split_files(file_pattern))))
     except ValueError as exc:
         raise ValueError(f"{file_pattern}: {exc}") from None
+
+
+class ExampleStatistics:
+    """Statistics of serialized tf.Examples given one at a time (e.g. the requests a server
+    logged), summarized in batches and merged as a split's files are: memory holds one batch.
+    Examples from several clients may disagree on a number's type: that feature is then FLOAT."""
+
+    def __init__(self, batch_size: int = 4096):
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder()
+        self._batch: list[bytes] = []
+        self._batch_size = batch_size
+        self._merged: tuple[int, dict[str, FeatureSummary]] = (0, {})
+
+    def add(self, serialized: bytes) -> None:
+        self._batch.append(serialized)
+        if len(self._batch) >= self._batch_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        try:
+            parts = [summarize(self._batch, self._decoder)]
+        except ValueError:  # clients sent a feature as int64 and as float: one at a time, merged as FLOAT
+            parts = [summarize([record], self._decoder) for record in self._batch]
+        self._merged = merge_summaries([self._merged, *parts])
+        self._batch = []
+
+    def result(self, name: str) -> statistics_pb2.DatasetFeatureStatistics:
+        self._flush()
+        return to_statistics(name, *self._merged)
 
 
 class StatisticsCombineFn(beam.CombineFn):

@@ -1,0 +1,44 @@
+"""A model's predictions as data: each answer becomes an example of the label columns (the
+predicted class of a classification head, the predicted value of a regression head), so the
+statistics and drift code of validation/ compares what a model predicted on served traffic with
+what it predicted on the eval split when it was pushed (recorded in its baseline)."""
+from __future__ import annotations
+
+import numpy as np
+from tensorflow.core.example import example_pb2
+
+from serving import signature_names as names
+from trainer.evaluation import OpenSignature, evaluation_signature, read_description
+from trainer.heads import CLASSIFICATION, Head
+from trainer.inputs import record_dataset
+
+EVAL_PREDICTIONS = "eval_predictions"  # the baseline split holding them
+
+
+def predicted_examples(predicted: dict[str, np.ndarray], heads: list[Head]) -> list[example_pb2.Example]:
+    """{head: scores [rows, classes] or values [rows, 1]} -> one example per row, keyed by label column."""
+    rows = max((len(a) for a in predicted.values()), default=0)
+    out = [example_pb2.Example() for _ in range(rows)]
+    for head in heads:
+        if head.name not in predicted:
+            continue
+        for example, values in zip(out, predicted[head.name]):
+            feature = example.features.feature[head.label_column]
+            if head.kind == CLASSIFICATION:
+                feature.bytes_list.value.append(head.vocabulary[int(np.argmax(values))].encode())
+            else:
+                feature.float_list.value.append(float(np.reshape(values, -1)[0]))
+    return out
+
+
+def eval_predictions(saved_model_dir: str, eval_pattern: str, open_signature: OpenSignature,
+                     batch_size: int = 4096):
+    """The exported model's predictions on the eval split, as predicted_examples, streamed in
+    batches through its tf.Example signature (`predict`), the way the Evaluator calls it."""
+    description = read_description(saved_model_dir)
+    heads = [Head.from_json(h) for h in description["heads"]]
+    signature, keys = evaluation_signature(description.get("layout", 1), heads)
+    with open_signature(saved_model_dir, signature) as call:
+        for batch in record_dataset(eval_pattern).batch(batch_size).prefetch(1).as_numpy_iterator():
+            outputs = call({names.INPUTS: batch})
+            yield from predicted_examples({h.name: outputs[keys[h.name]].reshape(len(batch), -1) for h in heads}, heads)
