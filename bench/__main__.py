@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.report import write_report
 
 BENCHMARKS = ["train", "serving", "tflite", "pipeline"]  # `make bench` (all)
-LONG = ["scale"]  # ~10 minutes: only when named, `make bench BENCH=scale`
+LONG = ["scale", "quality"]  # long: only when named, `make bench BENCH=scale` or `BENCH=quality`
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

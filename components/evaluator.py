@@ -1,5 +1,6 @@
-"""The pipeline's Evaluator: evaluates the candidate and the champion on the eval split and
-writes the standard ModelBlessing artifact the Pusher checks.
+"""The pipeline's Evaluator: evaluates the candidate, the champion and the trivial model (fitted
+on the train split) on the eval split and writes the standard ModelBlessing artifact the Pusher
+checks.
 
 The champion is the served version behind the champion's TF Serving label (`loopline promote
 --alias champion` moves the MLflow alias and that label together), else the last pushed version.
@@ -50,7 +51,7 @@ def Evaluator(
     because = f"the data changed on purpose: {accepted}" if accepted else None
     # The models are called as the server calls them: a Session callable per signature, large batches.
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because,
-                                   open_signature=signature_caller)
+                                   open_signature=signature_caller, train_pattern=split_pattern(examples, "train"))
     log.info("model %s", decision.summary())
 
     import tensorflow as tf
@@ -75,3 +76,5 @@ def Evaluator(
     blessing.set_string_custom_property("accepted_changes", accepted)
     for key, value in decision.candidate.items():
         blessing.set_float_custom_property(f"eval_{key}", float(value))
+    for key, value in decision.trivial.items():  # the floor it was held to (the Registrar logs them)
+        blessing.set_float_custom_property(f"trivial_{key}", float(value))

@@ -53,6 +53,14 @@ def _string_property(artifact, key: str) -> str:
     return artifact.mlmd_artifact.custom_properties[key].string_value
 
 
+def _float_properties(artifact, prefix: str) -> dict[str, float]:
+    """An optional artifact's float custom properties named `prefix...`, without the prefix."""
+    if artifact is None:
+        return {}
+    props = artifact.mlmd_artifact.custom_properties
+    return {k[len(prefix):]: artifact.get_float_custom_property(k) for k in props if k.startswith(prefix)}
+
+
 def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict]:
     """A few rows of the split as {feature: value} (None when missing), for the input example."""
     import tensorflow as tf
@@ -124,6 +132,8 @@ class RegistrarExecutor(base_executor.BaseExecutor):
             input_records=_sample_records(examples) if examples is not None else [],
             data_dirs=data_dirs,
             accepted_changes=_string_property(blessing, "accepted_changes"),
+            blessing_reasons=json.loads(_string_property(blessing, "reasons") or "[]"),
+            trivial_metrics=_float_properties(blessing, "trivial_"),
         ))
         logging.getLogger("loopline").info(
             "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)

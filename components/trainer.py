@@ -13,6 +13,7 @@ from tfx.utils import path_utils
 from components.splits import split_pattern
 
 TFLITE_DROPPED = "tflite_dropped"  # Model artifact property: {variant: why} of dropped TFLite variants
+EXPORTED = "exported"  # Model artifact property: the weights exported (trainer's TrainResult.exported), as JSON
 
 
 @component
@@ -58,20 +59,21 @@ def Trainer(
         report = export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,
                      split_pattern(examples, "train"), split_pattern(examples, "eval"),
-                     ExportConfig.model_validate_json(export_config), default=label)
+                     ExportConfig.model_validate_json(export_config), default=label, exported=result.exported)
     except BaseException:
         if run:
             run.finish({}, failed=True)
         raise
-    _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run)
+    _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run, result.exported)
 
 
-def _record(model, model_run, metrics: dict, dropped: dict, run) -> None:
+def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict) -> None:
     """metrics.json, the Model artifact's properties the run summary and Registrar read, and the
     MLflow run finished (the Registrar continues it)."""
     import tensorflow as tf
 
-    from tracking.training_run import TFLITE_DROPPED_TAG
+    from trainer.export import exported_weights
+    from tracking.training_run import EXPORTED_TAG, TFLITE_DROPPED_TAG
 
     tf.io.gfile.makedirs(model_run.uri)  # Kubeflow's launcher does not create output folders
     with tf.io.gfile.GFile(os.path.join(model_run.uri, "metrics.json"), "w") as f:
@@ -80,8 +82,12 @@ def _record(model, model_run, metrics: dict, dropped: dict, run) -> None:
         model.set_float_custom_property(f"eval_{key}", float(value))
     if dropped:  # read by the run summary; the MLflow run gets it as a tag
         model.set_string_custom_property(TFLITE_DROPPED, json.dumps(dropped))
+    model.set_string_custom_property(EXPORTED, json.dumps(exported))  # read by the run summary
     if run:
-        delivery = run.finish({"trainer": model_run.uri}, tags={TFLITE_DROPPED_TAG: json.dumps(dropped)} if dropped else None)
+        tags = {EXPORTED_TAG: exported_weights(exported)}
+        if dropped:
+            tags[TFLITE_DROPPED_TAG] = json.dumps(dropped)
+        delivery = run.finish({"trainer": model_run.uri}, tags=tags)
         # The Registrar continues this MLflow run (and replays undelivered metrics) from here.
         model.set_string_custom_property("mlflow_run_id", delivery.run_id or "")
         model.set_int_custom_property("mlflow_undelivered_metrics", delivery.undelivered)

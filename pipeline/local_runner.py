@@ -12,7 +12,7 @@ from tfx.dsl.compiler import constants
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 from tfx.orchestration.portable import runtime_parameter_utils
 
-from components.trainer import TFLITE_DROPPED
+from components.trainer import EXPORTED, TFLITE_DROPPED
 from pipeline.checks import check_data
 from pipeline.config import LooplineConfig
 from pipeline.pipeline import create_pipeline, metadata_path
@@ -39,6 +39,7 @@ class RunSummary:
     data_baseline: str | None = None  # what the data was checked against, in words
     accepted_changes: str = ""  # data changes accepted for this run ("" for none)
     data_warnings: list[str] = field(default_factory=list)  # validation's warnings (e.g. unseen label classes)
+    exported: dict = field(default_factory=dict)  # the weights the Trainer exported (its TrainResult.exported)
 
     def lines(self) -> list[str]:
         out = [f"model      {self.model_name}", f"run        {self.run_id}"]
@@ -52,6 +53,10 @@ class RunSummary:
             out.append(f"pushed to  {self.pushed_path}")
         if self.saved_model:
             out.append(f"SavedModel {self.saved_model}")
+        if self.exported:
+            from trainer.export import exported_weights
+
+            out.append(f"weights    {exported_weights(self.exported)}")
         if self.blessed is not None:
             out.append(f"blessing   {'blessed' if self.blessed else 'NOT blessed (not pushed)'}")
             out += [f"           - {reason}" for reason in self.blessing_reasons]
@@ -86,11 +91,13 @@ def summarize_run(config: LooplineConfig, run_id: str) -> RunSummary:
 
     model = newest("Model")
     pushed = newest("PushedModel")
-    metrics, tflite_dropped = {}, {}
+    metrics, tflite_dropped, exported = {}, {}, {}
     if model is not None:
         metrics = {k[len("eval_"):]: v.double_value for k, v in model.custom_properties.items() if k.startswith("eval_")}
         if TFLITE_DROPPED in model.custom_properties:
             tflite_dropped = json.loads(model.custom_properties[TFLITE_DROPPED].string_value)
+        if EXPORTED in model.custom_properties:
+            exported = json.loads(model.custom_properties[EXPORTED].string_value)
     blessing = newest("ModelBlessing")
     blessed, reasons = None, []
     if blessing is not None:
@@ -111,6 +118,7 @@ def summarize_run(config: LooplineConfig, run_id: str) -> RunSummary:
         executions=executions,
         seconds=seconds,
         tflite_dropped=tflite_dropped,
+        exported=exported,
         blessed=blessed,
         blessing_reasons=reasons,
         data_baseline=data_props["baseline"].string_value if "baseline" in data_props else None,

@@ -83,7 +83,7 @@ def run_train(config: LooplineConfig, work_dir: str | None = None, train: str | 
             tf.io.gfile.makedirs(model_dir)
             export_model(result.model, result.kinds, result.heads, result.metrics,
                          os.path.join(model_dir, SERVING_MODEL_DIR), model_dir, train_pattern, eval_pattern,
-                         config.export, default=config.data.label)
+                         config.export, default=config.data.label, exported=result.exported)
             with tf.io.gfile.GFile(os.path.join(work_dir, METRICS_FILE), "w") as f:
                 f.write(json.dumps(metrics, indent=2))
     except BaseException:

@@ -172,8 +172,12 @@ def test_no_silent_class_cap_and_max_classes_counts_what_it_drops(caplog):
     capped = make_head("y", "string", stats, "classification", max_classes=100)
     assert len(capped.vocabulary) == 100 and "c000" in capped.vocabulary
     assert "50 training row(s) of the other classes are left out" in caplog.text
-    compute_stats([{"words": labels.astype(bytes)}], {"words": "string"})  # a feature: capped, and said so
-    assert "feature 'words': 150 distinct values; the generic encoder one-hot encodes the 100 most frequent" in caplog.text
+    # A text feature of many values is looked up whole (ColumnEmbeddings), not capped.
+    words = compute_stats([{"words": labels.astype(bytes)}], {"words": "string"})
+    assert len(words.lookups["words"]) == 150 and "words" not in words.strings and "feature 'words'" not in caplog.text
+    # A list of strings is multi-hot: capped, and said so.
+    compute_stats([{"tags": labels.astype(bytes)}], {"tags": "string[:1]"})
+    assert "feature 'tags': 150 distinct values; the generic encoder one-hot encodes the 100 most frequent" in caplog.text
 
 
 def test_unseen_eval_class_is_counted_apart_from_missing():

@@ -33,8 +33,11 @@ def two_runs(server, tmp_path_factory):
     summaries, run_ids = [], []
     for seed in (1, 2):
         strict = ["export.output_tolerance={dynamic_range: 0.0}"] if seed == 2 else []
+        # A constant rate: under the bundled cosine decay two 3-epoch seeds differ by more than the
+        # champion comparison allows (5%), so the second would rightly not be pushed; two pushes are needed here.
         config = make_config(root, f"mlflow.tracking_uri={server.uri}", "trainer.epochs=3", f"trainer.seed={seed}",
-                             "mlflow.flush_interval_s=0.5", "trainer.steps_per_loop=1", *strict)
+                             "mlflow.flush_interval_s=0.5", "trainer.steps_per_loop=1", "trainer.lr_schedule=constant",
+                             *strict)
         summaries.append(run_local(config))
         newest = max(open_store(config).get_contexts_by_type("pipeline_run"), key=lambda c: c.id)
         run_ids.append(newest.name)
@@ -66,6 +69,12 @@ def test_each_pipeline_run_is_an_mlflow_run_with_config_metrics_and_artifacts(se
     assert steps == list(range(1, int(summaries[0].metrics["steps"]) + 1))
     assert len(client.get_metric_history(run.info.run_id, "eval/loss")) == 3  # trainer.epochs
     assert run.data.metrics["final_eval/species_accuracy"] == pytest.approx(summaries[0].metrics["species_accuracy"])
+    # Which weights were exported, and the trivial floor the blessing held them to (docs/model-quality.md).
+    exported = summaries[0].exported
+    assert run.data.tags["loopline.exported_weights"].startswith(f"epoch {exported['epoch']}, step {exported['step']}")
+    assert run.data.metrics["exported/step"] == exported["step"]
+    assert set(json.loads(run.data.tags["loopline.blessing_reasons"])) == set(summaries[0].blessing_reasons)
+    assert run.data.metrics["trivial_floor/species_loss"] > 2 * run.data.metrics["final_eval/species_loss"]
 
     # System info and the trainer's files.
     assert run.data.tags["system.version.tensorflow"]

@@ -52,6 +52,19 @@ def test_run_pushes_a_servable_model(pipeline_run):
     np.testing.assert_allclose(out["scores"].numpy().sum(axis=1), 1.0, rtol=1e-5)
 
 
+def test_the_summary_names_the_weights_exported_and_the_trivial_floor(pipeline_run):
+    """The default module on the auto metric: the best species_loss epoch is exported, and each head
+    beat the trivial model."""
+    config, summary = pipeline_run
+    exported = summary.exported
+    assert exported["metric"] == "species_loss" and exported["restored"] is True
+    assert 1 <= exported["epoch"] <= config.trainer.epochs and exported["split"] in ("validation", "eval")
+    weights = next(line for line in summary.lines() if line.startswith("weights    "))
+    assert f"epoch {exported['epoch']}, step {exported['step']}: the best {exported['split']} species_loss" in weights
+    floors = [r for r in summary.blessing_reasons if "for the trivial model" in r]
+    assert [r.split()[0] for r in floors] == ["species_loss", "body_mass_g_loss"]  # every head, none FAILED
+
+
 def test_missing_values_are_served(pipeline_run):
     _, summary = pipeline_run
     serve = tf.saved_model.load(summary.pushed_path).signatures["serving_default"]

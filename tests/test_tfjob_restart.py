@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO, subprocess_env
-from tests.trainer_data import regression_splits
+from tests.trainer_data import regression_splits, trained_rows
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,6 @@ def loss_weights(step):
     tf.py_function(lambda: time.sleep(0.01), [], [])
     return {}
 """
-STEPS = 4 * (512 // 8)
 SETTINGS = ["trainer.strategy=multi_worker", "trainer.epochs=4", "trainer.batch_size=8",
             "trainer.checkpoint_every_steps=20", "trainer.seed=5", "trainer.deterministic=true",
             "trainer.steps_per_loop=4", "trainer.tensorboard=false", "data.label=target", "mlflow.enabled=false",
@@ -68,11 +67,12 @@ def wait_pair(workers, timeout=300) -> None:
 def checkpoint_values(folder) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(folder)))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(("model_", "optimizer_", "step", "batches_consumed", "rng"))}
+            if name.startswith(("model_", "optimizer_", "step", "batches_consumed", "rng", "selection"))}
 
 
 def test_worker_killed_then_both_restarted_resume_to_the_same_weights(tmp_path):
     splits = regression_splits(tmp_path / "data")
+    steps = 4 * (trained_rows(splits[0]) // 8)  # the rows held out for validation are not trained on
     module = tmp_path / "slow.py"
     module.write_text(SLOW_MODULE)
     logs = tmp_path / "logs"
@@ -95,7 +95,7 @@ def test_worker_killed_then_both_restarted_resume_to_the_same_weights(tmp_path):
                 worker.send_signal(signal.SIGKILL)
                 worker.wait(timeout=30)
     assert first[1].returncode == -signal.SIGKILL
-    assert killed_at < STEPS and not (killed_dir / "metrics.json").exists()
+    assert killed_at < steps and not (killed_dir / "metrics.json").exists()
     worker_copy = killed_dir / "checkpoints" / "worker-tmp-worker-1"
     assert tf.train.latest_checkpoint(str(worker_copy)) is not None, "worker 1 kept no checkpoint copy of its own"
 
@@ -107,14 +107,16 @@ def test_worker_killed_then_both_restarted_resume_to_the_same_weights(tmp_path):
     wait_pair(start_pair(splits, straight_dir, module, logs, "straight"))
     after_kill = json.loads((killed_dir / "metrics.json").read_text())
     uninterrupted = json.loads((straight_dir / "metrics.json").read_text())
-    assert after_kill["steps"] == uninterrupted["steps"] == STEPS
+    assert after_kill["steps"] == uninterrupted["steps"] == steps
     restarted, straight = checkpoint_values(killed_dir / "checkpoints"), checkpoint_values(straight_dir / "checkpoints")
-    # The weights are saved once, under the optimizer that tracks them (optimizer_model/_trainable_variables).
+    # The weights are saved once, under the optimizer that tracks them (optimizer_model/_trainable_variables);
+    # the best evaluation so far and its weights under `selection`.
     assert set(restarted) == set(straight) and any("_trainable_variables" in k for k in restarted)
+    assert any(k.startswith("selection/weights") for k in restarted)
     for name, value in straight.items():
         np.testing.assert_allclose(restarted[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     # Worker 1's own copy ends where the chief's does.
-    np.testing.assert_allclose(checkpoint_values(worker_copy)["step/.ATTRIBUTES/VARIABLE_VALUE"], STEPS)
+    np.testing.assert_allclose(checkpoint_values(worker_copy)["step/.ATTRIBUTES/VARIABLE_VALUE"], steps)
     assert (killed_dir / "model" / "Format-Serving" / "saved_model.pb").exists()
     print(f"\nkilled worker 1 after checkpoint {killed_at}; both resumed from step {resumed[0]}; "
-          f"{len(straight)} checkpoint values equal after {STEPS} steps")
+          f"{len(straight)} checkpoint values equal after {steps} steps")

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO
-from tests.trainer_data import read_events, regression_splits
+from tests.trainer_data import read_events, regression_splits, trained_rows
 from trainer.csv_examples import csv_to_tfrecords
 from tests.trainer_modules import Recorder, built, write_module
 from trainer import optimization
@@ -214,15 +214,16 @@ def test_resume_false_sets_old_checkpoints_aside_and_starts_at_zero(regression, 
     moved = re.search(r"moved the old checkpoints \(latest ckpt-10\) aside to (\S+); starting at step 0", caplog.text)
     assert moved and tf.io.gfile.exists(moved.group(1) + "/ckpt-10.index")
     # Started from the seed-3 initial weights, not from the seed-1 run's checkpoint.
-    assert fresh.steps == straight.steps == 32
+    assert fresh.steps == straight.steps == 2 * (trained_rows(regression[0]) // 32)
+    assert fresh.exported == straight.exported
     for a, b in zip(weights(straight), weights(fresh)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-32")
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(f"-{straight.steps}")
 
 
 def test_epoch_log_shows_the_epoch_mean_train_loss(regression, caplog):
     recorder = Recorder()
-    config = TrainerConfig(epochs=1, steps_per_loop=4, learning_rate=0.05)
+    config = TrainerConfig(epochs=1, steps_per_loop=4, learning_rate=0.05, validation_fraction=0)  # 512 rows: 16 steps
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
         train(config, *regression, "target", metric_sinks=[recorder])
     losses = recorder.series("loss")  # one per call of 4 steps, 16 steps in the epoch
@@ -254,8 +255,9 @@ def test_evaluation_traces_once(regression, tmp_path):
     from trainer.model import load_module
 
     load_module(module).TRACES.clear()
-    train(TrainerConfig(module_file=module, epochs=2, eval_every_steps=4), *regression, "target")  # 8 evaluations
-    assert load_module(module).TRACES == [1]
+    # An evaluation of the held-out rows every 4 steps, traced once; one of the eval split (the weights exported), once.
+    train(TrainerConfig(module_file=module, epochs=2, eval_every_steps=4), *regression, "target")
+    assert load_module(module).TRACES == [1, 1]
 
 
 LOSS_DEPENDENT_ZERO = '''

@@ -13,7 +13,7 @@ import numpy as np
 import portpicker
 
 from tests.conftest import REPO, subprocess_env
-from tests.trainer_data import regression_splits
+from tests.trainer_data import regression_splits, trained_rows
 
 
 def run_worker(strategy, splits, out, logical_cpus=None, env=None, config=None):
@@ -62,7 +62,7 @@ def test_mirrored_and_multi_worker_match_one_device(tmp_path):
                 worker.wait()
 
     one, steps = load(tmp_path / "one.npz")
-    assert steps == 512 // 32
+    assert steps == trained_rows(splits[0]) // 32
     for name in ("mirrored", "worker0", "worker1"):
         other, other_steps = load(tmp_path / f"{name}.npz")
         assert other_steps == steps and len(other) == len(one)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.trainer_data import points_splits, read_events, regression_splits
+from tests.trainer_data import points_splits, read_events, regression_splits, trained_rows
 from trainer.config import TrainerConfig
 from trainer.csv_examples import csv_to_tfrecords
 from trainer.loop import train
@@ -51,7 +51,7 @@ def test_all_controls_combine_and_report(regression, tmp_path):
         eval_every_steps=4, early_stopping_metric="loss", early_stopping_patience=10,
     )
     result = train(config, *regression, "target", work_dir=str(tmp_path))
-    assert result.steps == 3 * (512 // 32 // 2)
+    assert result.steps == 3 * (trained_rows(regression[0]) // 32 // 2)  # the held-out rows are not trained on
     assert result.model.dtype_policy.name == "float32"
     assert all(w.dtype == np.float32 for w in weights(result))
     assert result.metrics["target_rmse"] < 1.5  # the label's std is ~2.7
@@ -98,7 +98,7 @@ def test_infinite_feature_values_count_as_missing(tmp_path, caplog):
     """One inf in a column must not poison its mean/std (every answer NaN): it reads as missing."""
     splits = regression_splits(tmp_path, inf_every=2)
     with caplog.at_level(logging.WARNING, logger="loopline.trainer"):
-        result = train(TrainerConfig(epochs=2), *splits, "target")
+        result = train(TrainerConfig(epochs=2, validation_fraction=0), *splits, "target")  # statistics of all 512 rows
     assert "infinite values (counted as missing, like NaN): {'x0': 256}" in caplog.text
     assert np.isfinite(result.stats.numbers["x0"]).all() and result.stats.missing["x0"] == 256
     # nan_policy "stop" (the default) raised for no step, and the model learned from the other columns.
@@ -126,7 +126,8 @@ def test_resume_continues_exactly(regression, tmp_path, caplog, in_memory_mb):
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
         resumed = train(config, *regression, "target", work_dir=str(tmp_path))
     assert "resumed from step 10" in caplog.text
-    assert resumed.steps == straight.steps == 32
+    assert resumed.steps == straight.steps == 2 * (trained_rows(regression[0]) // 32)
+    assert resumed.exported == straight.exported
     for a, b in zip(weights(straight), weights(resumed)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -151,7 +152,7 @@ def test_unrolled_steps_train_like_single_steps(regression):
 
     single = train(config, *regression, "target", metric_sinks=[Sink(1)])
     unrolled = train(config.model_copy(update={"unroll_steps": 3}), *regression, "target", metric_sinks=[Sink(3)])
-    assert unrolled.steps == single.steps == 32
+    assert unrolled.steps == single.steps == 2 * (trained_rows(regression[0]) // 32)
     for a, b in zip(weights(single), weights(unrolled)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.array(logged[3]), np.array(logged[1]), rtol=1e-4)
@@ -260,8 +261,9 @@ def test_debug_mode_runs_the_step_eagerly(regression, tmp_path):
     from trainer.model import load_module
 
     train(TrainerConfig(epochs=1, max_steps=2, debug=True, module_file=str(module)), *regression, "target")
-    # Two steps, then the evaluation's weighted_loss and the final weights recorded for export.
-    assert load_module(str(module)).SEEN == [True, True, True, True]
+    # Two steps, then the validation rows' evaluation's weighted_loss, the eval split's (of the
+    # weights exported) and the final weights recorded for export.
+    assert load_module(str(module)).SEEN == [True, True, True, True, True]
     assert not tf.executing_eagerly() or not tf.config.functions_run_eagerly()
 
 
@@ -295,7 +297,8 @@ def test_uncertainty_weighting_learns_the_head_weights(penguins):
     """loss_weights(step, losses, model) reads trainable log-variances: training moves them (each
     weight towards 1 / its head's loss), and eval's weighted_loss uses the weights the model ended with."""
     config = TrainerConfig(module_file=str(REPO / "examples/uncertainty/model.py"), epochs=6, batch_size=16,
-                           learning_rate=0.02, early_stopping_metric="weighted_loss", early_stopping_patience=10)
+                           learning_rate=0.02, early_stopping_metric="weighted_loss", early_stopping_patience=10,
+                           restore_best=False)  # the weights learned by the end, whichever epoch was best
     result = train(config, *penguins, "species")
     log_variances = result.model.get_layer("log_variances").log_variances.numpy()
     assert np.abs(log_variances).min() > 0.05  # both moved from their start at 0

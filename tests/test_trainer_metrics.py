@@ -18,6 +18,7 @@ from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train
+from trainer.selection import BestMetric
 from trainer.speed import Speed, resolve_speed
 
 
@@ -26,10 +27,12 @@ def test_one_direction_rule_for_early_stopping_and_blessing():
         assert higher_is_better(name), name
     for name in ("loss", "weighted_loss", "target_rmse", "body_mass_g_mae", "species_loss"):
         assert not higher_is_better(name), name
-    stopping = EarlyStopping("label_auc", patience=1)
-    assert not stopping.should_stop({"label_auc": 0.80}, 1)
-    assert not stopping.should_stop({"label_auc": 0.85}, 2)  # higher: an improvement
-    assert stopping.should_stop({"label_auc": 0.84}, 3)
+    best = BestMetric("label_auc")
+    stopping = EarlyStopping(best, patience=1)
+    for step, value in ((1, 0.80), (2, 0.85), (3, 0.84)):
+        improved = best.update({"label_auc": value}, step)
+        assert improved == (step < 3)  # higher: an improvement
+        assert stopping.should_stop(step) == (step == 3)
     config = EvaluatorConfig(regression_metrics=["label_auc"], relative_tolerance=0.0, absolute_tolerance=0.01)
     assert not decide({"label_auc": 0.80}, {"label_auc": 0.90}, config).blessed
     assert decide({"label_auc": 0.95}, {"label_auc": 0.90}, config).blessed
@@ -104,7 +107,7 @@ def test_config_accepts_auto_or_explicit_speed_settings():
 def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
     splits = regression_splits(tmp_path / "data")
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
-        train(TrainerConfig(epochs=1), *splits, "target")
+        train(TrainerConfig(epochs=1, validation_fraction=0), *splits, "target")  # all 512 rows: 16 steps
     assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
     assert tf.config.functions_run_eagerly() is False
 

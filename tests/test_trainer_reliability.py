@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, subprocess_env
-from tests.trainer_data import regression_splits
+from tests.trainer_data import regression_splits, trained_rows
 
 # A py_function sleep per step keeps the run long enough to be killed in the middle.
 SLOW_MODULE = """
@@ -85,5 +85,5 @@ def test_sigkill_then_resume_ends_at_the_same_step_with_the_same_result(tmp_path
     assert straight.returncode == 0, straight.stderr[-3000:]
     after_kill = json.loads((killed_dir / "metrics.json").read_text())
     uninterrupted = json.loads((straight_dir / "metrics.json").read_text())
-    assert after_kill["steps"] == uninterrupted["steps"] == 4 * (512 // 8)
+    assert after_kill["steps"] == uninterrupted["steps"] == 4 * (trained_rows(splits[0]) // 8)
     assert after_kill["loss"] == pytest.approx(uninterrupted["loss"], rel=1e-3)

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainer.actions import EarlyStopping, steps_to_next_event
+from trainer.selection import BestMetric
 from trainer.evaluation import prediction_key
 from trainer.heads import CLASSIFICATION, REGRESSION, Head, higher_is_better
 from trainer.steps import head_losses
@@ -35,18 +36,30 @@ def test_metric_direction(metric, higher):
     assert higher_is_better(metric) is higher
 
 
+def _stops(best: BestMetric, stopping: EarlyStopping, metrics: dict, step: int) -> bool:
+    best.update(metrics, step)  # what the evaluation action does before asking
+    return stopping.should_stop(step)
+
+
 def test_early_stopping_follows_the_metric_direction():
-    stopping = EarlyStopping("species_accuracy", patience=2)
-    assert not stopping.should_stop({"species_accuracy": 0.5}, 1)
-    assert not stopping.should_stop({"species_accuracy": 0.6}, 2)  # better: higher
-    assert not stopping.should_stop({"species_accuracy": 0.55}, 3)
-    assert stopping.should_stop({"species_accuracy": 0.6}, 4)  # not better than the best twice running
-    losses = EarlyStopping("loss", patience=1)
-    assert not losses.should_stop({"loss": 1.0}, 1)
-    assert not losses.should_stop({"loss": 0.5}, 2)  # better: lower
-    assert losses.should_stop({"loss": 0.7}, 3)
+    best = BestMetric("species_accuracy")
+    stopping = EarlyStopping(best, patience=2)
+    assert not _stops(best, stopping, {"species_accuracy": 0.5}, 1)
+    assert not _stops(best, stopping, {"species_accuracy": 0.6}, 2)  # better: higher
+    assert not _stops(best, stopping, {"species_accuracy": 0.55}, 3)
+    assert _stops(best, stopping, {"species_accuracy": 0.6}, 4)  # not better than the best twice running
+    assert (float(best.value.numpy()), int(best.step.numpy())) == (0.6, 2)
+    losses = BestMetric("loss")
+    stopping = EarlyStopping(losses, patience=1)
+    assert not _stops(losses, stopping, {"loss": 1.0}, 1)
+    assert not _stops(losses, stopping, {"loss": 0.5}, 2)  # better: lower
+    assert _stops(losses, stopping, {"loss": 0.7}, 3)
+    never = BestMetric("loss")  # patience None: the best is kept, training never stops early
+    assert not any(_stops(never, EarlyStopping(never, None), {"loss": 1.0 + step}, step) for step in range(5))
+    nan = BestMetric("loss")
+    assert not nan.update({"loss": float("nan")}, 1) and nan.update({"loss": 2.0}, 2)  # a NaN is never a best
     with pytest.raises(ValueError, match="'nope' is not an eval metric"):
-        EarlyStopping("nope", 1).should_stop({"loss": 1.0}, 1)
+        BestMetric("nope").update({"loss": 1.0}, 1)
 
 
 def test_a_call_runs_up_to_the_next_event():

@@ -37,6 +37,16 @@ def regression_splits(folder, rows: int = 512, seed: int = 0, inf_every: int = 0
     return paths[0], paths[1]
 
 
+def trained_rows(file_pattern: str, fraction: float = 0.2) -> int:
+    """Rows of a split the trainer trains on: the ones trainer.holdout does not hold out for
+    validation (at trainer.validation_fraction's default)."""
+    from trainer import holdout
+
+    records = tf.constant(list(tf.data.TFRecordDataset(tf.io.gfile.glob(file_pattern), compression_type="GZIP")
+                               .as_numpy_iterator()))
+    return int(tf.size(holdout.training_rows(records, fraction)))
+
+
 def points_splits(folder, rows: int = 1024, center=(3.0, -2.0)) -> tuple[str, str]:
     rng = np.random.default_rng(1)
     paths = []

@@ -7,6 +7,7 @@ the run the Trainer opened (its id is on the Model artifact) is continued, else 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ TAG_SERVING_VERSION = "loopline.serving_version"
 TAG_EXECUTION_ID = "loopline.mlmd_execution_id"
 TAG_TRAINER_EXECUTION_ID = "loopline.trainer_execution_id"
 TAG_ACCEPTED_CHANGES = "loopline.accepted_changes"  # the run trained on data changes accepted by hand
+TAG_BLESSING = "loopline.blessing_reasons"  # the Evaluator's checks in words (JSON list), the trivial floor's included
 EXPORT_SUFFIXES = (".tflite", ".json", ".md", ".txt", ".csv")
 
 
@@ -52,6 +54,8 @@ class Registration:
     input_records: list[dict] = field(default_factory=list)
     data_dirs: dict[str, str] = field(default_factory=dict)  # artifact path -> folder
     accepted_changes: str = ""  # data changes accepted for this run ("" for none), tagged on the run
+    blessing_reasons: list[str] = field(default_factory=list)  # the Evaluator's checks, tagged on the run
+    trivial_metrics: dict[str, float] = field(default_factory=dict)  # the trivial floor's eval metrics
 
 
 @dataclass
@@ -177,7 +181,8 @@ def _register(reg: Registration) -> RegistrationResult:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()])
+        client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()]
+                         + [Metric(f"trivial_floor/{k}", float(v), now, 0) for k, v in reg.trivial_metrics.items()])
     _log_files(client, run_id, reg)
     example = input_example_from_records(reg.saved_model_dir, reg.input_records)
     with local_view(reg.saved_model_dir) as saved_model:  # MLflow copies the model from local files
@@ -196,6 +201,8 @@ def _log_tags_and_params(client, run_id: str, reg: Registration) -> None:
     tags = {TAG_PIPELINE_RUN_ID: reg.pipeline_run_id, TAG_PIPELINE: reg.pipeline_name, **system_tags(reg.git_commit)}
     if reg.accepted_changes:
         tags[TAG_ACCEPTED_CHANGES] = reg.accepted_changes[:5000]  # MLflow caps tag values
+    if reg.blessing_reasons:
+        tags[TAG_BLESSING] = json.dumps(reg.blessing_reasons)[:5000]
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     # Parameters are write-once in MLflow: skip the ones a retried execution already logged.

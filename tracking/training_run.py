@@ -20,6 +20,7 @@ TAG_PIPELINE = "loopline.pipeline"
 TAG_PIPELINE_RUN_ID = "loopline.pipeline_run_id"
 TAG_MODEL_URI = "loopline.model_uri"
 TFLITE_DROPPED_TAG = "loopline.tflite_dropped"  # {variant: why}: TFLite variants that missed parity and were dropped
+EXPORTED_TAG = "loopline.exported_weights"  # which weights were exported, in words (epoch, step, selecting metric)
 
 
 class TrainingRun:

@@ -1,6 +1,8 @@
-"""The blessing decision: a candidate is blessed when its metrics pass the absolute thresholds and
-do not regress against the champion (the model being served now) beyond a tolerance; when the
-champion cannot be compared, the answer is no unless evaluator.on_champion_error allows it."""
+"""The blessing decision: a candidate is blessed when its metrics pass the absolute thresholds, each
+head beats the trivial model (trainer.trivial: class priors or the mean, fitted on the train split),
+and it does not regress against the champion (the model being served now) beyond a tolerance;
+when the champion cannot be compared, the answer is no unless evaluator.on_champion_error allows
+it, and when the trivial floor cannot be computed, the answer is no."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -9,6 +11,7 @@ from trainer.evaluation import (OpenSignature, eager_signature, evaluate_with_ch
                                 is_loopline_export, label_kinds, read_signature)
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import higher_is_better
+from trainer.trivial import Floor, TrivialModel
 
 
 @dataclass
@@ -19,6 +22,7 @@ class Blessing:
     champion: dict[str, float] | None = None
     champion_path: str | None = None
     failed: list[str] = field(default_factory=list)  # The reasons that refused it.
+    trivial: dict[str, float] = field(default_factory=dict)  # The trivial model's eval metrics (the floor).
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -30,10 +34,12 @@ class Blessing:
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, config: EvaluatorConfig,
            champion_path: str | None = None, champion_problem: str | None = None,
-           thresholds_only_because: str | None = None) -> Blessing:
-    """Applies the thresholds, then the comparison with the champion (when there is one).
-    `thresholds_only_because`: why a champion that cannot be compared does not refuse the
-    candidate here (the data changed on purpose, so the champion may not read it)."""
+           thresholds_only_because: str | None = None, floor: Floor | None = None) -> Blessing:
+    """Applies the thresholds, the trivial floor, then the comparison with the champion (when there
+    is one). `thresholds_only_because`: why a champion that cannot be compared does not refuse the
+    candidate here (the data changed on purpose, so the champion may not read it). `floor`: the
+    trivial model's metrics (evaluate_and_decide always computes one; None judges the metrics
+    given alone)."""
     reasons: list[str] = []
     failed: list[str] = []
 
@@ -51,6 +57,9 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
             check(value >= bound.min, f"{metric} {value:.4g} >= min {bound.min:.4g}")
         if bound.max is not None:
             check(value <= bound.max, f"{metric} {value:.4g} <= max {bound.max:.4g}")
+
+    for ok, text in floor.checks(candidate, config.trivial_margin) if floor is not None else []:
+        check(ok, text)
 
     if not config.compare_to_champion:
         reasons.append("no champion comparison (evaluator.compare_to_champion is false)")
@@ -81,16 +90,19 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
                 worse = old - new if higher_is_better(metric) else new - old
                 allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
                 check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
-    return Blessing(not failed, reasons, candidate, champion, champion_path, failed)
+    return Blessing(not failed, reasons, candidate, champion, champion_path, failed,
+                    floor.metrics if floor is not None else {})
 
 
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
                         thresholds_only_because: str | None = None,
-                        open_signature: OpenSignature = eager_signature) -> Blessing:
+                        open_signature: OpenSignature = eager_signature, train_pattern: str | None = None) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
-    the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both.
-    `open_signature`: how a model's signature is called (the Evaluator passes the server's Session
-    callable; the default calls it eagerly). `thresholds_only_because`: see decide()."""
+    the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both
+    and to the trivial model fitted on `train_pattern`'s labels (none given: the floor is not
+    computed, and the candidate is refused). `open_signature`: how a model's signature is called
+    (the Evaluator passes the server's Session callable; the default calls it eagerly).
+    `thresholds_only_because`: see decide()."""
     heads = read_signature(candidate_dir)[1]
     champion_dir = champion_dir if config.compare_to_champion else None
     theirs, mismatch = None, None
@@ -100,6 +112,23 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
     batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
+    trivial, floor = _trivial_model(heads, train_pattern, config)
+    if trivial is not None:
+        batches = trivial.scoring(batches)
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern)
-    return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because)
+    if trivial is not None:
+        floor.metrics = trivial.metrics()
+    return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor)
+
+
+def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig) -> tuple[TrivialModel | None, Floor]:
+    """The trivial model fitted on the train split's labels, or None with the reason in the Floor."""
+    if not heads:
+        return None, Floor()
+    if train_pattern is None:
+        return None, Floor(heads, problem="no train split to fit it on")
+    try:
+        return TrivialModel.fit(heads, example_batches(train_pattern, config.batch_size, label_kinds(heads))), Floor(heads)
+    except Exception as exc:  # noqa: BLE001 - a floor that cannot be computed refuses the candidate
+        return None, Floor(heads, problem=f"{train_pattern}: {type(exc).__name__}: {exc}")

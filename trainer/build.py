@@ -9,19 +9,19 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
-from serving.signature_names import signature_names_of
-from trainer import optimization
+from serving.signature_names import signature_name, signature_names_of
+from trainer import holdout, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import column_batches, load_in_memory, make_dataset, parsed_batches, training_stream
+from trainer.inputs import column_batches, count_rows, load_in_memory, make_dataset, parsed_batches, training_stream
 from trainer.model import (
     ModelContext,
     build_models,
@@ -34,6 +34,7 @@ from trainer.model import (
     module_for_data,
     split_at_encoder,
 )
+from trainer.selection import Selection, resolve_metric, resolve_patience
 from trainer.speed import Speed, resolve_speed
 from trainer.strategy import is_chief, make_strategy, task_name
 from trainer.summaries import MetricSink
@@ -69,9 +70,12 @@ class Run:
     stepped: keras.Model  # the model, or the part after the encoder when strings stay out of XLA
     jit: bool
     eval_data: tf.data.Dataset
+    selection_data: tf.data.Dataset  # what the periodic evaluation reads: the validation rows, else eval_data
     probe_batch: tuple  # a fixed training batch for gradient histograms
     work_dir: str | None
     metric_sinks: Sequence[MetricSink]
+    selection: Selection | None  # the best evaluation's metric and weights (None: the last weights are exported)
+    patience: int | None  # early stopping's (None: never stops early)
 
     @property
     def kinds(self) -> FeatureKinds:
@@ -124,6 +128,9 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch)
     models, optimizers, rng, export_model = _models_and_optimizers(config, strategy, module, data["ctx"], total_steps)
     model = models[export_name(module, models)]
+    selection = None
+    if data["metric"] is not None:
+        selection = Selection(data["metric"], export_model, holdout.VALIDATION if data["held_out"] else holdout.EVAL)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     batches_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_consumed")
     checkpoints = Checkpoints(
@@ -134,6 +141,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
         task=task_name(strategy),
         step=step_var, batches_consumed=batches_var, rng=rng,
         **{f"model_{k}": v for k, v in models.items()}, **{f"optimizer_{k}": v for k, v in optimizers.items()},
+        **({"selection": selection} if selection is not None else {}),
     )
     start_step = checkpoints.start(config.resume, step_var)  # restores the variables above
     inputs = _datasets(config, module, strategy, model, data, train_pattern, eval_pattern,
@@ -146,7 +154,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
                steps_per_epoch=steps_per_epoch, total_steps=total_steps, speed=speed, models=models,
                optimizers=optimizers, rng=rng, model=model, export_model=export_model, step_var=step_var,
                batches_var=batches_var, checkpoints=checkpoints, start_step=start_step, **inputs,
-               work_dir=work_dir, metric_sinks=metric_sinks)
+               work_dir=work_dir, metric_sinks=metric_sinks, selection=selection, patience=data["patience"])
 
 
 def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> dict:
@@ -160,15 +168,41 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> 
     for name in labels:
         if name not in all_kinds:
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
+    metric, patience = _selection_settings(config, module, labels, label)
+    held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
+    rows = partial(holdout.training_rows, fraction=held_out) if held_out else None
     # A split that fits in memory is parsed once: the statistics and the training stream share it.
-    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size)
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, rows)
     label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
-    stats = compute_stats(column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds),
-                          all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
+    batches = column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds, rows=rows)
+    stats = compute_stats(batches, all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
     return {"all_kinds": all_kinds, "module": module, "columns": columns, "stats": stats, "heads": heads,
-            "ctx": ModelContext(inputs, stats, heads)}
+            "ctx": ModelContext(inputs, stats, heads), "metric": metric, "patience": patience, "held_out": held_out}
+
+
+def _selection_settings(config: TrainerConfig, module, labels: list[str], label: str) -> tuple[str | None, int | None]:
+    """(the metric that selects the exported weights, early stopping's patience); the metric is
+    None when nothing uses it (restore_best off and no early stopping)."""
+    generic = getattr(module, "build_model", None) is None and getattr(module, "build_models", None) is None
+    patience = resolve_patience(config.early_stopping_patience, config.early_stopping_metric, generic)
+    metric = resolve_metric(config.early_stopping_metric, [signature_name(name) for name in labels], label)
+    return (metric if config.restore_best or patience is not None else None), patience
+
+
+def _held_out_fraction(config: TrainerConfig, train_pattern: str) -> float:
+    """trainer.validation_fraction when it holds out enough rows (holdout.MIN_ROWS), else 0 (logged)."""
+    fraction = config.validation_fraction
+    held = count_rows(train_pattern, partial(holdout.validation_rows, fraction=fraction)) if fraction else 0
+    if not holdout.enough(held, fraction):
+        log.info("validation: %s; the eval split picks the weights to export and stops early",
+                 f"trainer.validation_fraction={fraction:g} holds out {held} rows of the train split, under "
+                 f"{holdout.MIN_ROWS}, so none are held out" if fraction else "trainer.validation_fraction is 0")
+        return 0.0
+    log.info("validation: %d rows of the train split held out (trainer.validation_fraction=%g), not trained on",
+             held, fraction)
+    return fraction
 
 
 def _run_length(config: TrainerConfig, stats: FeatureStats) -> tuple[int, int]:
@@ -208,16 +242,21 @@ def _module_optimizers(module, ctx, schedule, models, config) -> dict:
 
 
 def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit) -> dict:
-    """The distributed training stream (resuming after `skip_batches`), the eval split and a probe batch."""
-    all_kinds, heads = data["all_kinds"], data["heads"]
+    """The distributed training stream (resuming after `skip_batches`), the eval split, the
+    validation rows (the eval split when none are held out) and a probe batch."""
+    all_kinds, heads, held_out = data["all_kinds"], data["heads"], data["held_out"]
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
                               skip_batches=skip_batches, columns=data["columns"],
-                              augment=getattr(module, "augment", None))
+                              augment=getattr(module, "augment", None),
+                              rows=partial(holdout.training_rows, fraction=held_out) if held_out else None)
     custom = getattr(module, "train_step", None) is not None
     stepped, dataset, jit_on = _compile_strings_out(model, data["ctx"].kinds, dataset, config, jit and not custom)
+    eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input)
+    validation = partial(holdout.validation_rows, fraction=held_out)
     return {"iterator": iter(strategy.experimental_distribute_dataset(dataset)), "stepped": stepped,
-            "jit": jit_on or (jit and custom),
-            "eval_data": make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input),
+            "jit": jit_on or (jit and custom), "eval_data": eval_data,
+            "selection_data": make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input,
+                                           rows=validation) if held_out else eval_data,
             "probe_batch": next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))}
 
 

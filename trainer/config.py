@@ -116,8 +116,25 @@ class TrainerConfig(Section):
         "(to checkpoints-set-aside-<time>, logged) and starts at step 0.",
     )
     eval_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
-    early_stopping_metric: str | None = Field(None, description="Eval metric to watch, e.g. loss or species_accuracy.")
-    early_stopping_patience: int = Field(3, ge=1, description="Evaluations without improvement before stopping.")
+    validation_fraction: float = Field(
+        0.2, ge=0, lt=1, description="Share of the train split's rows held out (by a salted hash of each record, "
+        "independent of ExampleGen's split) to pick the weights to export and to stop early; they are not trained "
+        "on. Under 50 such rows, or 0: nothing is held out and the eval split is used instead (logged).",
+    )
+    early_stopping_metric: str | None = Field(
+        "auto", description="The validation metric that picks the weights to export (restore_best) and that early "
+        "stopping watches, e.g. species_loss or species_accuracy (direction: trainer.heads.higher_is_better). "
+        "auto: <data.label>_loss (none for a model without heads); null: neither.",
+    )
+    early_stopping_patience: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="Evaluations without improvement before training stops. auto: 10 for the generic "
+        "tabular model and for any model whose early_stopping_metric is named; a model module on the auto metric "
+        "trains every epoch. null: never stop early.",
+    )
+    restore_best: bool = Field(
+        True, description="Export the weights of the best evaluation of early_stopping_metric (the EMA weights "
+        "when ema_decay is set); false: the last weights.",
+    )
     tensorboard: bool = Field(True, description="Write TensorBoard summaries under the work folder.")
     histogram_every_steps: int = Field(0, ge=0, description="Weight/gradient histograms and per-layer grad norms; 0: off.")
     progress: Literal["auto", "bar", "log"] = Field("auto", description="auto: a bar on a terminal, log lines otherwise.")

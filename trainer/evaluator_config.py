@@ -30,5 +30,9 @@ class EvaluatorConfig(Section):
     regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
+    trivial_margin: float = Field(
+        0.01, ge=0, lt=1, description="Each head's eval loss must be at least this fraction below the trivial "
+        "model's (the train split's class priors, or its mean label for regression), or the candidate is not blessed.",
+    )
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")

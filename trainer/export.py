@@ -222,10 +222,11 @@ def _signatures(loaded) -> dict:
 
 def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], metrics: dict[str, float],
                  serving_dir: str, artifact_dir: str, train_pattern: str, eval_pattern: str,
-                 config: ExportConfig, default: str | None = None) -> dict:
+                 config: ExportConfig, default: str | None = None, exported: dict | None = None) -> dict:
     """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
     and the report (`export_report.json`/`.md` in `artifact_dir`). `default`: the head behind
-    `serving_default` (data.label). A variant over its tolerance is dropped (file removed, the miss
+    `serving_default` (data.label). `exported`: which weights these are (TrainResult.exported:
+    the epoch and step, the metric that selected them). A variant over its tolerance is dropped (file removed, the miss
     in the report); when it is one of `config.required_variants`, tflite.ParityError is raised
     after the report is written."""
     model = float32_model(model)
@@ -250,6 +251,7 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
                         "latency_ms": tflite.saved_model_latency_ms(raw, one, config.latency_runs)},
         "metrics": metrics,
+        "exported": exported or {},
         # column -> name in the signatures (serving.signature_names.signature_name)
         "signature_names": signature_names_of([*kinds, *(h.label_column for h in heads)]),
         "tflite": [],
@@ -344,6 +346,9 @@ def report_markdown(report: dict) -> str:
         latency = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else "-"
         lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {latency} | "
                      f"{_parity_cell(v)} |")
+    exported = report.get("exported")
+    if exported:
+        lines += ["", "## Weights exported", "", f"- {exported_weights(exported)}"]
     lines += ["", "## Eval metrics", ""]
     lines += [f"- {k}: {v:.4g}" for k, v in sorted(report["metrics"].items())]
     blessing = report.get("blessing")
@@ -351,6 +356,16 @@ def report_markdown(report: dict) -> str:
         lines += ["", "## Blessing", "", f"**{'blessed' if blessing['blessed'] else 'not blessed'}**", ""]
         lines += [f"- {r}" for r in blessing["reasons"]]
     return "\n".join(lines) + "\n"
+
+
+def exported_weights(exported: dict) -> str:
+    """TrainResult.exported in words, e.g. "epoch 3, step 24: the best validation species_loss (0.1234)"."""
+    where = f"epoch {exported['epoch']}, step {exported['step']}"
+    if exported.get("restored"):
+        return f"{where}: the best {exported['split']} {exported['metric']} ({exported['value']:.4g})"
+    if exported.get("metric"):
+        return f"{where}: the last weights (not selected by {exported['split']} {exported['metric']})"
+    return f"{where}: the last weights"
 
 
 def _parity_cell(variant: dict) -> str:

@@ -12,8 +12,11 @@ An example holding more values than its kind allows (or another count than a fix
 image of another size) is an error naming the feature: nothing is cut silently.
 
 Numbers travel as float32 with NaN for a missing value (an infinite one counts as missing too);
-strings as tf.string with "" for missing. The encoder turns them into one dense vector with
-constants only (no lookup tables), so the same graph converts to TFLite builtins.
+strings as tf.string with "" for missing. The encoder turns them into one dense vector with no
+weights: numbers standardized (with missing indicators), text of few values one-hot; a text column
+of many values (a name, a code) becomes its index in a vocabulary (Keras' StringLookup, whose
+hash table converts to TFLite builtins), which the model's `embeddings` layer (`ColumnEmbeddings`)
+turns into a learned vector.
 """
 from __future__ import annotations
 
@@ -34,7 +37,9 @@ log = logging.getLogger("loopline.trainer")
 # The stored dtype of each feature in the tf.Examples: "int64", "float32" or "string".
 FeatureKinds = dict[str, str]
 
-MAX_VOCABULARY = 100  # string *features* (one-hot inputs); labels have no cap (data.max_classes)
+MAX_VOCABULARY = 100  # one-hot values of a list of strings; labels have no cap (data.max_classes)
+MAX_ONE_HOT = 30  # a text column with more distinct values goes through a vocabulary lookup and an embedding
+MAX_LOOKUP = 10_000  # the vocabulary of such a column: its most frequent values (the others read as unseen)
 IMAGE = "image"
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
 
@@ -245,23 +250,26 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
 
 @dataclass
 class FeatureStats:
-    """What the encoder needs of the training split: mean/std per number, vocabulary per string."""
+    """What the encoder needs of the training split: mean/std per number, one-hot values per text
+    column of few values, a lookup vocabulary per text column of many (most frequent first)."""
 
     numbers: dict[str, tuple[float, float]] = field(default_factory=dict)
     strings: dict[str, list[str]] = field(default_factory=dict)
+    lookups: dict[str, list[str]] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
     count: int = 0
     classes: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> class -> rows (no cap)
 
     def to_json(self) -> dict:
-        return {"numbers": self.numbers, "strings": self.strings, "missing": self.missing, "count": self.count,
-                "classes": self.classes}
+        return {"numbers": self.numbers, "strings": self.strings, "lookups": self.lookups, "missing": self.missing,
+                "count": self.count, "classes": self.classes}
 
     @classmethod
     def from_json(cls, data: dict) -> "FeatureStats":
         return cls(
             numbers={k: tuple(v) for k, v in data["numbers"].items()},
             strings=data["strings"],
+            lookups=data.get("lookups", {}),
             missing=data.get("missing", {}),
             count=data.get("count", 0),
             classes=data.get("classes", {}),
@@ -335,6 +343,12 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
         stats.numbers[name] = (float(mean), float(math.sqrt(var)) or 1.0)
     for name, seen in counts.items():
         ranked = sorted(seen, key=lambda v: (-seen[v], v))
+        if kinds[name] == "string" and len(ranked) > MAX_ONE_HOT and name not in class_counts:
+            stats.lookups[name] = ranked[:MAX_LOOKUP]
+            if len(ranked) > MAX_LOOKUP:
+                log.warning("feature '%s': %d distinct values; the vocabulary keeps the %d most frequent, the others "
+                            "read as unseen", name, len(ranked), MAX_LOOKUP)
+            continue
         stats.strings[name] = ranked[:MAX_VOCABULARY]
         if len(ranked) > MAX_VOCABULARY and name not in class_counts:
             rare = sum(seen[v] for v in ranked[MAX_VOCABULARY:])
@@ -353,12 +367,18 @@ def _flat(x: tf.Tensor) -> tf.Tensor:
 @keras.saving.register_keras_serializable(package="loopline")
 class TabularEncoder(keras.layers.Layer):
     """Numbers: standardized, NaN -> 0 plus a missing indicator. Strings: one-hot over the
-    training vocabulary (an unseen or missing value is all zeros)."""
+    training vocabulary (an unseen or missing value is all zeros). `lookups`: text columns of many
+    values, each appended last (in name order) as its index in its vocabulary, 0 for a missing or
+    unseen value (for `ColumnEmbeddings`). No weights: under XLA it runs in tf.data."""
 
-    def __init__(self, numbers: dict, strings: dict, **kwargs):
+    def __init__(self, numbers: dict, strings: dict, lookups: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.numbers = {k: tuple(v) for k, v in numbers.items()}
         self.strings = {k: list(v) for k, v in strings.items()}
+        self.lookups = {k: list(v) for k, v in sorted((lookups or {}).items())}
+        self._lookup_layers = {name: keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1,
+                                                               name=f"{self.name}_lookup_{i}")
+                               for i, (name, vocabulary) in enumerate(self.lookups.items())}
 
     def call(self, features):
         parts = []
@@ -374,7 +394,40 @@ class TabularEncoder(keras.layers.Layer):
             x = _flat(features[name])  # a list of strings: multi-hot (any position holds the value)
             hits = tf.equal(x[:, :, tf.newaxis], tf.constant(vocabulary, tf.string)[tf.newaxis, tf.newaxis, :])
             parts.append(tf.reduce_max(tf.cast(hits, tf.float32), axis=1))
+        for name, lookup in self._lookup_layers.items():  # "" (missing) is not in the vocabulary: index 0
+            parts.append(tf.cast(lookup(_flat(features[name])), tf.float32))
         return tf.concat(parts, axis=-1)
 
     def get_config(self):
-        return {**super().get_config(), "numbers": self.numbers, "strings": self.strings}
+        return {**super().get_config(), "numbers": self.numbers, "strings": self.strings, "lookups": self.lookups}
+
+
+def embedding_size(vocabulary_size: int) -> int:
+    """Dimensions of a text column's embedding: grows slowly with its vocabulary, 2 to 16."""
+    return int(min(16, max(2, round(2 * vocabulary_size ** 0.25))))
+
+
+@keras.saving.register_keras_serializable(package="loopline")
+class ColumnEmbeddings(keras.layers.Layer):
+    """The encoder's output with its last `len(vocabulary_sizes)` columns (vocabulary indices)
+    replaced by one learned vector each; index 0 (missing or unseen) is the zero vector, the value
+    nothing was learned for. Its input is not cast to a mixed-precision policy's 16-bit type, which
+    would round the indices."""
+
+    def __init__(self, vocabulary_sizes: list[int], **kwargs):
+        super().__init__(**{**kwargs, "autocast": False})
+        self.vocabulary_sizes = list(vocabulary_sizes)
+        self.tables = [keras.layers.Embedding(size + 1, embedding_size(size), name=f"{self.name}_{i}")
+                       for i, size in enumerate(self.vocabulary_sizes)]
+
+    def call(self, x):
+        count = len(self.tables)
+        indices = tf.cast(x[:, -count:], tf.int32)
+        parts = [tf.cast(x[:, :-count], self.compute_dtype)]
+        for j, table in enumerate(self.tables):
+            index = indices[:, j]
+            parts.append(table(index) * tf.cast(index > 0, self.compute_dtype)[:, tf.newaxis])
+        return tf.concat(parts, axis=-1)
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary_sizes": self.vocabulary_sizes}

@@ -4,6 +4,7 @@ prefetched. A training split small enough is parsed once and held in memory as c
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import tensorflow as tf
 
@@ -53,12 +54,21 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
 _CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
 
 
-def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int) -> dict[str, tf.Tensor] | None:
-    """The whole split parsed, every column (labels included) a `[rows, ...]` tensor keyed by its
-    signature name, or None when
-    they would take more than `max_bytes` (or the split is empty)."""
+# Picks the records of a batch of serialized records to use (trainer.holdout: the training or the
+# validation rows); None: every record.
+Rows = Callable[[tf.Tensor], tf.Tensor] | None
+
+
+def _picked(serialized: tf.Tensor, rows: Rows) -> tf.Tensor:
+    return serialized if rows is None else rows(serialized)
+
+
+def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows: Rows = None) -> dict[str, tf.Tensor] | None:
+    """The whole split (its `rows`) parsed, every column (labels included) a `[rows, ...]` tensor
+    keyed by its signature name, or None when they would take more than `max_bytes` (or the split
+    is empty)."""
     chunks, size = [], 0
-    chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(s, kinds),
+    chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(_picked(s, rows), kinds),
                                                                    num_parallel_calls=tf.data.AUTOTUNE)
     for parsed in chunks_parsed.prefetch(1):
         for column in parsed.values():
@@ -77,16 +87,17 @@ def _rows(columns) -> int:
     return int(tf.shape(tf.nest.flatten(columns)[0])[0])
 
 
-def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int) -> dict[str, tf.Tensor] | None:
-    """The training split parsed once (`parsed_columns`) when it fits `config.in_memory_mb` and
-    holds a batch; None when it is to be streamed. Logs which, and why."""
+def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
+                   rows: Rows = None) -> dict[str, tf.Tensor] | None:
+    """The training split (its `rows`) parsed once (`parsed_columns`) when it fits
+    `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
-    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20)
-    rows = _rows(columns) if columns is not None else 0
-    if rows >= batch_size:
-        log.info("training split parsed once and held in memory (%d rows)", rows)
+    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20, rows)
+    count = _rows(columns) if columns is not None else 0
+    if count >= batch_size:
+        log.info("training split parsed once and held in memory (%d rows)", count)
         return columns
     log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
              else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
@@ -127,6 +138,7 @@ def training_stream(
     skip_batches: int = 0,
     columns: dict[str, tf.Tensor] | None = None,
     augment=None,
+    rows: Rows = None,
 ) -> tf.data.Dataset:
     """An endless stream of full (features, targets) batches, reshuffled each epoch: from
     `columns` (`load_in_memory`) when given, else streamed from the records.
@@ -138,6 +150,8 @@ def training_stream(
     `augment(features, targets, rng)` (a model module's): applied to each training batch, `rng` a
     stateless seed pair (int64 [2]) for `tf.random.stateless_*`, from `seed` and the batch's index,
     so a resumed run sees the same augmentations.
+
+    `rows`: the records streamed ones are taken from (e.g. trainer.holdout's training rows).
     """
     if columns is not None:
         labels = {head.name for head in heads}
@@ -146,7 +160,7 @@ def training_stream(
                                          for start in range(0, _rows(columns), _CHUNK)], axis=0) for head in heads}
         return _augmented(_in_memory_stream((features, targets), batch_size, seed, skip_batches, config),
                           augment, seed, skip_batches, config)
-    dataset = _streamed_windows(file_pattern, kinds, heads, config, seed).rebatch(batch_size, drop_remainder=True)
+    dataset = _streamed_windows(file_pattern, kinds, heads, config, seed, rows).rebatch(batch_size, drop_remainder=True)
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     return _augmented(_finish(dataset, config), augment, seed, skip_batches, config)
@@ -156,7 +170,7 @@ _WINDOWS_SHUFFLED = 4  # windows whose order is shuffled together (held at once:
 
 
 def _streamed_windows(file_pattern: str, kinds: FeatureKinds, heads: list[Head], config: InputConfig,
-                      seed: int) -> tf.data.Dataset:
+                      seed: int, rows: Rows = None) -> tf.data.Dataset:
     """The records in windows of `config.shuffle_buffer` (cached serialized when `config.cache`),
     endlessly: the windows' order shuffled a few at a time, each window permuted (stateless, from
     `seed` and the window's position in the stream: the same on every run) and parsed in one call.
@@ -164,6 +178,8 @@ def _streamed_windows(file_pattern: str, kinds: FeatureKinds, heads: list[Head],
     Whole windows, not single records, pass through tf.data: per-record shuffling and one parse
     call per batch cost more than the training step on a small model."""
     windows = record_dataset(file_pattern, config).batch(config.shuffle_buffer)
+    if rows is not None:
+        windows = windows.map(rows)
     if config.cache:
         windows = windows.cache()
     windows = windows.shuffle(_WINDOWS_SHUFFLED, seed=seed, reshuffle_each_iteration=True).repeat()
@@ -199,23 +215,33 @@ def make_dataset(
     heads: list[Head],
     batch_size: int,
     config: InputConfig | None = None,
+    rows: Rows = None,
 ) -> tf.data.Dataset:
     """One pass over a split (for evaluation): `(features {name: [batch, 1]}, targets {head: [batch]})`.
 
-    `kinds` must include the label columns; they are split off into targets.
+    `kinds` must include the label columns; they are split off into targets. `rows`: the records
+    taken (e.g. trainer.holdout's validation rows); None: all.
     """
     config = config or InputConfig()
     # Parsed in chunks of whole batches (one parse call each, not one per batch), then cut back
     # into the same batches in the same order.
     chunk = max(_CHUNK // batch_size, 1) * batch_size
     chunks = record_dataset(file_pattern, config).batch(chunk)
+    if rows is not None:
+        chunks = chunks.map(rows)
     if config.cache:
         chunks = chunks.cache()
     dataset = chunks.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
     return _finish(dataset, config)
 
 
-def parsed_batches(file_pattern: str, kinds: FeatureKinds, batch_size: int = 1024):
-    """Parsed raw columns as NumPy, for statistics."""
-    dataset = record_dataset(file_pattern).batch(batch_size).map(lambda s: parse_examples(s, kinds))
+def parsed_batches(file_pattern: str, kinds: FeatureKinds, batch_size: int = 1024, rows: Rows = None):
+    """Parsed raw columns (of `rows`) as NumPy, for statistics."""
+    dataset = record_dataset(file_pattern).batch(batch_size).map(lambda s: parse_examples(_picked(s, rows), kinds))
     return dataset.as_numpy_iterator()
+
+
+def count_rows(file_pattern: str, rows: Rows) -> int:
+    """How many records of the split `rows` picks (read and picked, not parsed)."""
+    counts = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: tf.size(rows(s), out_type=tf.int64))
+    return int(counts.reduce(tf.constant(0, tf.int64), lambda total, n: total + n))

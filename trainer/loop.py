@@ -62,12 +62,11 @@ def _control(run: Run) -> TrainResult:
     run_steps = build_run_steps(run)
     step = run.start_step
     actions = Actions(run, step)
-    while step < run.total_steps:
+    while step < run.total_steps and not actions.stopping.should_stop(step):
         n = actions.next_call_steps(step)
         out = _call_steps(run, run_steps, step, n)
         step += n
-        if actions.after_loop(step, n, out):
-            break
+        actions.after_loop(step, n, out)
     return actions.finish(step)
 
 

@@ -43,7 +43,8 @@ from types import ModuleType
 import keras
 import tensorflow as tf
 
-from trainer.features import FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number, is_scalar
+from trainer.features import (ColumnEmbeddings, FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number,
+                              is_scalar)
 from serving.signature_names import signature_name
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
 
@@ -70,18 +71,42 @@ class ModelContext:
             for column, kind in self.kinds.items()
         }
 
-    def encoder(self) -> TabularEncoder:
+    def encoder(self) -> "Encoding":
+        """The generic encoder: `ctx.encoder()(inputs)` is one dense vector per example."""
         names = {signature_name(column) for column in self.kinds}
         numbers = {k: v for k, v in self.stats.numbers.items() if k in names}
         strings = {k: v for k, v in self.stats.strings.items() if k in names}
-        return TabularEncoder(numbers, strings, name="encoder")
+        lookups = {k: v for k, v in self.stats.lookups.items() if k in names}
+        return Encoding(TabularEncoder(numbers, strings, lookups, name="encoder"))
 
 
-def build_tabular_model(ctx: ModelContext, hidden_units=(64, 64)) -> keras.Model:
+class Encoding:
+    """The `encoder` layer (no weights: under XLA it runs in tf.data, see split_at_encoder), then,
+    when text columns of many values are looked up, the `embeddings` layer (ColumnEmbeddings)."""
+
+    def __init__(self, encoder: TabularEncoder):
+        self.encoder = encoder
+
+    def __call__(self, inputs):
+        x = self.encoder(inputs)
+        if not self.encoder.lookups:
+            return x
+        sizes = [len(vocabulary) for vocabulary in self.encoder.lookups.values()]
+        return ColumnEmbeddings(sizes, name="embeddings")(x)
+
+
+# The generic model's defaults, measured against scikit-learn's by `make bench BENCH=quality`
+# (docs/model-quality.md): two ReLU layers, an L2 penalty on their kernels (weights stay small on
+# a few hundred rows), the best epoch on held-out rows and early stopping (trainer.selection).
+HIDDEN_UNITS = (64, 64)
+L2 = 1e-3
+
+
+def build_tabular_model(ctx: ModelContext, hidden_units=None) -> keras.Model:
     inputs = ctx.inputs()
     x = ctx.encoder()(inputs)
-    for i, units in enumerate(hidden_units):
-        x = keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")(x)
+    for i, units in enumerate(hidden_units or HIDDEN_UNITS):
+        x = keras.layers.Dense(units, activation="relu", kernel_regularizer=keras.regularizers.L2(L2), name=f"hidden_{i}")(x)
     outputs = {head.name: head.output_layer(x) for head in ctx.heads}
     return keras.Model(inputs, outputs, name="tabular")
 

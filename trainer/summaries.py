@@ -1,4 +1,4 @@
-"""What a run reports as it goes: TensorBoard (separate train and eval writers), metric sinks
+"""What a run reports as it goes: TensorBoard (train, validation and eval writers), metric sinks
 (e.g. MLflow) and a progress bar on a terminal or plain log lines otherwise."""
 from __future__ import annotations
 
@@ -56,17 +56,25 @@ class MetricSink(Protocol):
 
 
 class Summaries:
-    """TensorBoard writers under `<work_dir>/tensorboard/{train,eval}` plus the metric sinks."""
+    """TensorBoard writers under `<work_dir>/tensorboard/{train,validation,eval}` (each made when
+    first written to) plus the metric sinks, which also get `exported/...` (no writer)."""
+
+    SPLITS = ("train", "validation", "eval")
 
     def __init__(self, work_dir: str | None, enabled: bool, sinks: Sequence[MetricSink] = ()):
         self.sinks = list(sinks)
         self.writers = {}
-        if work_dir and enabled:
-            for split in ("train", "eval"):
-                self.writers[split] = tf.summary.create_file_writer(os.path.join(work_dir, "tensorboard", split))
+        self.folder = os.path.join(work_dir, "tensorboard") if work_dir and enabled else None
+
+    def _writer(self, split: str):
+        if self.folder is None or split not in self.SPLITS:
+            return None
+        if split not in self.writers:
+            self.writers[split] = tf.summary.create_file_writer(os.path.join(self.folder, split))
+        return self.writers[split]
 
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
-        writer = self.writers.get(split)
+        writer = self._writer(split)
         if writer:
             with writer.as_default(step=step):
                 for key, value in values.items():
@@ -75,7 +83,7 @@ class Summaries:
             sink.log(step, {f"{split}/{k}": float(v) for k, v in values.items()})
 
     def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
-        writer = self.writers.get("train")
+        writer = self._writer("train")
         if writer:
             with writer.as_default(step=step):
                 for key, value in values.items():
@@ -83,7 +91,7 @@ class Summaries:
 
     def images(self, split: str, step: int, values: dict) -> None:
         """`{tag: [k, h, w, c] floats in [0, 1]}` for TensorBoard's images dashboard."""
-        writer = self.writers.get(split)
+        writer = self._writer(split)
         if writer:
             with writer.as_default(step=step):
                 for key, value in values.items():

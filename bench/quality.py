@@ -1,0 +1,410 @@
+"""Model quality at the defaults: `loopline run` with the bundled configuration (only data.path,
+data.eval_path and data.label set; the generic model, trainer.module_file null) against what a
+five-line scikit-learn script gets on the same train/eval CSVs.
+
+Tables (all offline): scikit-learn's bundled breast cancer, wine, diabetes (regression) and
+digits (64 pixel columns); the bundled penguins as two tables (`species`; `body_mass_g` as
+regression); and a generated survival table with a name-like text column of ~300 families and
+missing values (written as empty fields). Each is split once, seeded (stratified for
+classification, 70/30), and written as two CSVs that both sides read.
+
+Baselines, scikit-learn at its defaults:
+- `linear`: LogisticRegression (classification) or Ridge (regression) after SimpleImputer +
+  StandardScaler on the numbers and OneHotEncoder(handle_unknown="ignore") on the text;
+- `hist_gradient_boosting`: HistGradientBoosting{Classifier,Regressor}, NaN passed through, text
+  as ordinal categories (OrdinalEncoder, unknown and missing as NaN, at most 255 categories: the
+  model's limit).
+loopline: the mean over QUALITY_SEEDS trainer seeds (default 5), each a fresh pipeline root.
+
+Per table: loopline's accuracy or RMSE on the eval CSV (its Evaluator's figure), each baseline's,
+the gap to the best baseline, the epoch and step each run exported, and the trivial floor (the
+class priors of the train CSV, or its label mean, scored on the eval CSV). Target: no table
+behind the best baseline by more than max(1 accuracy point, one eval example), or 5% RMSE.
+
+`QUALITY_TABLES=wine,diabetes` and `QUALITY_SEEDS=2` pick fewer; `BENCH_LABEL` names the run.
+`markdown(runs)` writes the table docs/model-quality.md shows (tests compare the two).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "quality.json"
+SPLIT_SEED = 0
+EVAL_FRACTION = 0.3
+ACCURACY_SLACK = 0.01  # one accuracy point...
+RMSE_SLACK = 0.05  # ...or 5% of the best baseline's RMSE
+
+
+@dataclass
+class Table:
+    name: str
+    label: str
+    task: str  # "classification" or "regression"
+    train: Path
+    eval: Path
+    overrides: list[str] = field(default_factory=list)  # what a user must set beyond the three data keys
+    about: str = ""
+
+    @property
+    def metric(self) -> str:
+        return "accuracy" if self.task == "classification" else "rmse"
+
+
+# ---- the tables -------------------------------------------------------------------------------
+
+def _sklearn_frame(loader, label: str, classes: bool, **kwargs):
+    data = loader(as_frame=True, **kwargs)
+    frame = data.frame.rename(columns={"target": label})
+    if classes:
+        frame[label] = [str(data.target_names[i]) for i in data.target]
+    return frame
+
+
+def _digits_frame():
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    frame = pd.DataFrame(data.data.astype(int), columns=[f"pixel_{i // 8}_{i % 8}" for i in range(64)])
+    frame["digit"] = data.target
+    return frame
+
+
+FAMILY_SYLLABLES = ["an", "ber", "cas", "dal", "el", "fen", "gor", "har", "is", "jor", "kel", "lan", "mor", "nel",
+                    "or", "pal", "quin", "ros", "sten", "tor", "ul", "ver", "wes", "yor"]
+
+
+def survival_frame(rows: int = 1000, families: int = 300, seed: int = 7):
+    """A survival table: class, sex, age (20% missing), fare, port (some missing) and a family name
+    shared by the members of ~300 families, whose latent fate (a random effect) moves every member's
+    chance: the name carries signal only a model that learns per-name values can use."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    names = set()
+    while len(names) < families:
+        parts = rng.choice(FAMILY_SYLLABLES, size=rng.integers(2, 4))
+        names.add("".join(parts).capitalize() + rng.choice(["", "son", "sen", "er", "ski"]))
+    names = sorted(names)
+    weights = rng.gamma(1.5, 1.0, families)
+    family = rng.choice(families, size=rows, p=weights / weights.sum())
+    effect = rng.normal(0.0, 1.3, families)[family]
+    wealth = rng.normal(0.0, 1.0, families)[family] + rng.normal(0.0, 0.5, rows)
+    pclass = np.where(wealth > 0.8, 1, np.where(wealth > -0.3, 2, 3))
+    sex = rng.choice(["female", "male"], size=rows, p=[0.4, 0.6])
+    age = np.clip(rng.normal(30, 14, rows), 0.5, 80).round(1)
+    fare = np.round(np.exp(rng.normal(4.2 - 0.8 * pclass, 0.5)), 2)
+    port = rng.choice(["S", "C", "Q"], size=rows, p=[0.7, 0.2, 0.1])
+    score = (-0.6 + 2.4 * (sex == "female") + 0.9 * (pclass == 1) - 0.8 * (pclass == 3) + 1.2 * (age < 12)
+             - 0.015 * (age - 30) + effect)
+    survived = np.where(rng.random(rows) < 1 / (1 + np.exp(-score)), "yes", "no")
+    frame = pd.DataFrame({"pclass": pclass, "sex": sex, "age": age, "fare": fare, "port": port,
+                          "family": np.array(names)[family], "survived": survived})
+    frame.loc[rng.random(rows) < 0.2, "age"] = np.nan
+    frame.loc[rng.random(rows) < 0.02, "fare"] = np.nan
+    frame.loc[rng.random(rows) < 0.02, "port"] = None
+    return frame
+
+
+def write_tables(folder: Path, only: list[str] | None = None) -> list[Table]:
+    """Every table split once (seeded) and written as train/eval CSVs; missing cells as empty fields."""
+    import pandas as pd
+    from sklearn.datasets import load_breast_cancer, load_diabetes, load_wine
+    from sklearn.model_selection import train_test_split
+
+    penguins = pd.read_csv(REPO / "data" / "penguins.csv")
+    specs = [
+        ("breast_cancer", "diagnosis", "classification", lambda: _sklearn_frame(load_breast_cancer, "diagnosis", True),
+         [], "scikit-learn's breast cancer: 569 rows, 30 numbers"),
+        ("wine", "cultivar", "classification", lambda: _sklearn_frame(load_wine, "cultivar", True),
+         [], "scikit-learn's wine: 178 rows, 13 numbers, 3 classes"),
+        ("diabetes", "progression", "regression", lambda: _sklearn_frame(load_diabetes, "progression", False, scaled=False),
+         [], "scikit-learn's diabetes (raw units): 442 rows, 10 numbers"),
+        ("digits", "digit", "classification", _digits_frame, ["data.label_kind=classification", "validation.warn_only=true"],
+         "scikit-learn's digits as 64 integer columns: 1,797 rows, 10 classes (the label is a number: "
+         "data.label_kind=classification; the data gate stops on the train/eval drift of edge pixels that are "
+         "almost always 0, e.g. pixel_7_0's Jensen-Shannon divergence 1.0: validation.warn_only=true)"),
+        ("penguins_species", "species", "classification", lambda: penguins.copy(),
+         [], "the bundled penguins: 344 rows, species from the other columns"),
+        ("penguins_body_mass", "body_mass_g", "regression", lambda: penguins.dropna(subset=["body_mass_g"]),
+         [], "the bundled penguins: 342 rows with a body mass, regressed on the other columns"),
+        ("survival", "survived", "classification", survival_frame,
+         [], "generated: 1,000 rows, class, sex, age (20% missing), fare, port, family name (~300 families)"),
+    ]
+    tables = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, label, task, make, overrides, about in specs:
+        if only and name not in only:
+            continue
+        frame = make().reset_index(drop=True)
+        stratify = frame[label] if task == "classification" else None
+        train, evaluation = train_test_split(frame, test_size=EVAL_FRACTION, random_state=SPLIT_SEED, stratify=stratify)
+        paths = folder / f"{name}_train.csv", folder / f"{name}_eval.csv"
+        train.to_csv(paths[0], index=False)
+        evaluation.to_csv(paths[1], index=False)
+        tables.append(Table(name, label, task, *paths, overrides, about))
+    unknown = sorted(set(only or []) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"QUALITY_TABLES: unknown table(s) {unknown}; tables are {[s[0] for s in specs]}")
+    return tables
+
+
+# ---- scikit-learn and the trivial floor -------------------------------------------------------
+
+def _frames(table: Table):
+    import pandas as pd
+
+    train, evaluation = pd.read_csv(table.train), pd.read_csv(table.eval)
+    features = [c for c in train.columns if c != table.label]
+    return train[features], train[table.label], evaluation[features], evaluation[table.label]
+
+
+def _score(table: Table, truth, predicted) -> float:
+    import numpy as np
+
+    if table.task == "classification":
+        return float(np.mean(np.asarray(truth) == np.asarray(predicted)))
+    return float(np.sqrt(np.mean((np.asarray(truth, float) - np.asarray(predicted, float)) ** 2)))
+
+
+def baselines(table: Table) -> dict[str, float]:
+    """LogisticRegression / Ridge and HistGradientBoosting at their defaults, on the eval CSV."""
+    import numpy as np
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.impute import SimpleImputer
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    x_train, y_train, x_eval, y_eval = _frames(table)
+    text = [c for c in x_train.columns if x_train[c].dtype == object]
+    numbers = [c for c in x_train.columns if c not in text]
+    classify = table.task == "classification"
+    linear = make_pipeline(
+        ColumnTransformer([("numbers", make_pipeline(SimpleImputer(), StandardScaler()), numbers),
+                           ("text", OneHotEncoder(handle_unknown="ignore"), text)]),
+        LogisticRegression() if classify else Ridge())
+    ordinal = OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=np.nan, encoded_missing_value=np.nan,
+                             max_categories=255)
+    boosted_model = (HistGradientBoostingClassifier if classify else HistGradientBoostingRegressor)(
+        categorical_features=[False] * len(numbers) + [True] * len(text))
+    boosted = make_pipeline(ColumnTransformer([("numbers", "passthrough", numbers), ("text", ordinal, text)]),
+                            boosted_model)
+    scores = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LogisticRegression's default max_iter does not converge on digits
+        for name, model in (("linear", linear), ("hist_gradient_boosting", boosted)):
+            model.fit(x_train, y_train)
+            scores[name] = round(_score(table, y_eval, model.predict(x_eval)), 4)
+    return scores
+
+
+def trivial_floor(table: Table) -> dict[str, float]:
+    """The model that ignores the features, fitted on the train CSV and scored on the eval CSV:
+    class priors (log loss, and the majority class's accuracy) or the label mean (RMSE)."""
+    import numpy as np
+
+    _, y_train, _, y_eval = _frames(table)
+    if table.task == "classification":
+        priors = y_train.astype(str).value_counts(normalize=True)
+        truth = y_eval.astype(str)
+        seen = truth.isin(priors.index)
+        return {"log_loss": round(float(-np.log(priors[truth[seen]].to_numpy()).mean()), 4),
+                "majority_accuracy": round(float((truth == priors.idxmax()).mean()), 4)}
+    mean = float(y_train.mean())
+    return {"rmse": round(_score(table, y_eval, np.full(len(y_eval), mean)), 4)}
+
+
+# ---- loopline ---------------------------------------------------------------------------------
+
+def loopline_run(table: Table, seed: int, root: Path) -> dict:
+    """One `loopline run` with the bundled configuration and the table's data keys (MLflow off:
+    it does not change the model). A run that fails is recorded with its error, not averaged."""
+    try:
+        return _loopline_run(table, seed, root)
+    except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others' figures
+        lines = str(exc).strip().splitlines()
+        return {"seed": seed, "error": f"{type(exc).__name__}: {' / '.join(lines[-3:])[:600]}"}
+
+
+def _loopline_run(table: Table, seed: int, root: Path) -> dict:
+    import keras
+
+    from pipeline.config import load_config
+    from pipeline.local_runner import run_local
+    from serving.signature_names import signature_name
+
+    overrides = [f"pipeline.root={root}", f"data.path={table.train}", f"data.eval_path={table.eval}",
+                 f"data.label={table.label}", "trainer.module_file=null", f"trainer.seed={seed}",
+                 "mlflow.enabled=false", *table.overrides]
+    config = load_config(REPO / "loopline.yaml", overrides)
+    started = time.perf_counter()
+    summary = run_local(config)
+    seconds = time.perf_counter() - started
+    keras.utils.clear_session()
+    head = signature_name(table.label)
+    metrics = summary.metrics
+    exported = getattr(summary, "exported", None) or {}
+    train_rows = sum(1 for _ in open(table.train)) - 1
+    steps = int(metrics.get("steps", 0))
+    return {
+        "seed": seed,
+        table.metric: round(metrics[f"{head}_{table.metric}"], 4),
+        "loss": round(metrics[f"{head}_loss"], 4),
+        "exported_step": int(exported.get("step", steps)),
+        # Before the best epoch was exported: the last one (steps / steps per epoch of the whole train CSV).
+        "exported_epoch": int(exported["epoch"]) if "epoch" in exported else math.ceil(steps / max(train_rows // config.trainer.batch_size, 1)),
+        "blessed": summary.blessed,
+        "blessing_reasons": summary.blessing_reasons,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _gap(table: Table, loopline: float, best: float, eval_rows: int) -> dict:
+    """How far loopline is behind the best baseline (negative: ahead), and the allowed gap."""
+    if table.task == "classification":
+        behind, allowed = best - loopline, max(ACCURACY_SLACK, 1.0 / eval_rows)
+        relative = (loopline - best) / best
+    else:
+        behind, allowed = loopline / best - 1.0, RMSE_SLACK
+        relative = (best - loopline) / best
+    return {"behind": round(behind, 4), "allowed": round(allowed, 4), "met": bool(behind <= allowed + 1e-9),
+            "relative_advantage": round(relative, 4)}
+
+
+def measure_table(table: Table, seeds: list[int], work: Path) -> dict:
+    import numpy as np
+
+    eval_rows = sum(1 for _ in open(table.eval)) - 1
+    scores = baselines(table)
+    runs = [loopline_run(table, seed, work / f"{table.name}_{seed}") for seed in seeds]
+    scored = [r[table.metric] for r in runs if table.metric in r]
+    if not scored:
+        print(f"quality {table.name}: every loopline run failed: {runs[0]['error']}", flush=True)
+        return {"about": table.about, "task": table.task, "metric": table.metric, "label": table.label,
+                "overrides": table.overrides, "loopline_runs": runs, "baselines": scores, "trivial": trivial_floor(table)}
+    mean = round(float(np.mean(scored)), 4)
+    higher = table.task == "classification"
+    best = max(scores, key=lambda k: scores[k] if higher else -scores[k])
+    result = {
+        "about": table.about, "task": table.task, "metric": table.metric, "label": table.label,
+        "overrides": table.overrides, "eval_rows": eval_rows, "train_rows": sum(1 for _ in open(table.train)) - 1,
+        "csv_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in (table.train, table.eval)},
+        "loopline": mean, "loopline_std": round(float(np.std(scored)), 4),
+        "loopline_runs": runs, "baselines": scores, "best_baseline": best,
+        "gap": _gap(table, mean, scores[best], eval_rows), "trivial": trivial_floor(table),
+    }
+    print(f"quality {table.name}: loopline {table.metric} {mean} (seeds {scored}, "
+          f"epochs {[r.get('exported_epoch') for r in runs]}); baselines {scores}; gap {result['gap']}", flush=True)
+    return result
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def run() -> dict:
+    only = [t for t in os.environ.get("QUALITY_TABLES", "").split(",") if t]
+    seeds = list(range(int(os.environ.get("QUALITY_SEEDS", "5"))))
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        tables = write_tables(work / "data", only or None)
+        results = {t.name: measure_table(t, seeds, work) for t in tables}
+    met = [name for name, r in results.items() if r.get("gap", {}).get("met")]
+    gaps = [r["gap"]["relative_advantage"] for r in results.values() if "gap" in r]
+    return {"label": os.environ.get("BENCH_LABEL", ""), "commit": _commit(), "seeds": seeds, "tables": results,
+            "tables_within_target": len(met), "tables_measured": len(results),
+            "tables_failed": sorted(name for name, r in results.items() if "gap" not in r),
+            "mean_relative_advantage_over_best_baseline": round(sum(gaps) / len(gaps), 4) if gaps else None}
+
+
+# ---- the docs table ---------------------------------------------------------------------------
+
+def _cell(metric: str, value: float) -> str:
+    return f"{value:.3f}" if metric == "accuracy" else f"{value:.1f}"
+
+
+def _behind(entry: dict) -> str:
+    gap = entry["gap"]
+    if entry["metric"] == "accuracy":
+        text = f"{gap['behind'] * 100:+.1f} pt"
+    else:
+        text = f"{gap['behind'] * 100:+.1f}%"
+    return text + ("" if gap["met"] else " **(missed)**")
+
+
+def markdown_table(result: dict) -> str:
+    """One run's table: per table loopline (mean over seeds), each baseline, the gap to the best
+    baseline (positive: loopline behind), the epochs exported and the trivial floor."""
+    lines = ["| table | metric | loopline (mean of seeds) | LogisticRegression / Ridge | HistGradientBoosting | "
+             "behind the best | epochs exported | trivial floor |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in result["tables"].items():
+        metric, scores = entry["metric"], entry["baselines"]
+        epochs = ", ".join(str(r.get("exported_epoch", "failed")) for r in entry["loopline_runs"])
+        trivial = entry["trivial"]
+        floor = (f"log loss {trivial['log_loss']:.3f}, majority accuracy {trivial['majority_accuracy']:.3f}"
+                 if metric == "accuracy" else f"RMSE {trivial['rmse']:.1f}")
+        ours, behind = ((_cell(metric, entry["loopline"]), _behind(entry)) if "gap" in entry
+                        else ("every run failed", "**(missed)**"))
+        lines.append(f"| {name} | {metric} | {ours} | {_cell(metric, scores['linear'])} | "
+                     f"{_cell(metric, scores['hist_gradient_boosting'])} | {behind} | {epochs} | {floor} |")
+    lines.append("")
+    advantage = result["mean_relative_advantage_over_best_baseline"]
+    lines.append(f"{result['tables_within_target']} of {result['tables_measured']} tables within the target; "
+                 + (f"mean relative advantage over the best baseline {advantage * 100:+.1f}% " if advantage is not None else "")
+                 + f"(commit {result['commit'] or 'unknown'}, seeds {result['seeds']}).")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(runs: list[dict]) -> str:
+    """The docs' tables: the latest full run and, when kept, the first full run labelled "before"."""
+    full = [r for r in runs if r.get("tables_measured", 0) >= 7]
+    out = []
+    before = [r for r in full if r.get("label", "").startswith("before")]
+    if full:
+        out += [f"### {full[-1].get('label') or 'Latest run'} ({full[-1]['date']} UTC)", "", markdown_table(full[-1])]
+    if before and before[0] is not full[-1]:
+        out += [f"### {before[0]['label']} ({before[0]['date']} UTC)", "", markdown_table(before[0])]
+    return "\n".join(out)
+
+
+def read_runs(path: Path = RESULTS) -> list[dict]:
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+DOCS = REPO / "docs" / "model-quality.md"
+DOCS_START, DOCS_END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
+
+
+def write_docs(page: Path = DOCS, runs: list[dict] | None = None) -> None:
+    """Replaces the page's generated section with `markdown` of the kept runs."""
+    text = page.read_text()
+    head, rest = text.split(DOCS_START, 1)
+    tail = rest.split(DOCS_END, 1)[1]
+    page.write_text(f"{head}{DOCS_START}\n{markdown(read_runs() if runs is None else runs).strip()}\n{DOCS_END}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--docs"]:
+        sys.exit("usage: python -m bench.quality --docs   (the bench itself: make bench BENCH=quality)")
+    write_docs()
+    print(f"wrote the table of {RESULTS} into {DOCS}")

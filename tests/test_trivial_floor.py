@@ -1,0 +1,127 @@
+"""The trivial floor: every head must beat the model that ignores the features (the train split's
+class priors, or its mean), scored on the eval split with the head's own loss; a model trained on
+shuffled labels is not blessed, and a floor that cannot be computed refuses."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.trainer_data import regression_splits, write_examples
+from trainer.blessing import decide, evaluate_and_decide
+from trainer.config import TrainerConfig
+from trainer.evaluation import example_batches, label_kinds
+from trainer.evaluator_config import EvaluatorConfig
+from trainer.export import export_saved_model
+from trainer.heads import CLASSIFICATION, REGRESSION, Head
+from trainer.loop import train
+from trainer.trivial import Floor, TrivialModel
+
+
+def _floor(heads, train_path, eval_path) -> dict[str, float]:
+    model = TrivialModel.fit(heads, example_batches(train_path, 3, label_kinds(heads)))
+    for _ in model.scoring(example_batches(eval_path, 3, label_kinds(heads))):
+        pass
+    return model.metrics()
+
+
+def test_the_trivial_model_is_the_train_priors_or_mean_scored_on_eval(tmp_path):
+    species = Head("species", CLASSIFICATION, vocabulary=["a", "b", "c"])
+    mass = Head("mass", REGRESSION, mean=0.0, std=2.0, label_dtype="float32")
+    train_path = write_examples(tmp_path / "train.gz", {"species": np.array(["a", "a", "a", "b", "", "x"]),
+                                                         "mass": np.array([1.0, 2.0, 3.0, np.nan, 6.0, 6.0])})
+    eval_path = write_examples(tmp_path / "eval.gz", {"species": np.array(["a", "b", "c", "b", ""]),
+                                                       "mass": np.array([0.0, 4.0, np.nan, 2.0, 2.0])})
+    metrics = _floor([species, mass], train_path, eval_path)
+    # Priors over the labelled known classes of the train split: a 3/4, b 1/4, c 0 (missing and unseen left out).
+    # Eval: "c" has prior 0, so its loss is Keras' clipped -log(1e-7), as the candidate's would be.
+    expected = (-math.log(0.75) - math.log(0.25) - math.log(1e-7) - math.log(0.25)) / 4
+    assert metrics["species_loss"] == pytest.approx(expected, rel=1e-4)
+    assert metrics["species_accuracy"] == pytest.approx(1 / 4)  # the majority class "a", once in 4
+    assert metrics["species_examples"] == 4
+    # Regression: the train mean of the labelled rows (18 / 5 = 3.6), squared errors in the head's std (2).
+    errors = np.array([0.0, 4.0, 2.0, 2.0]) - 3.6
+    assert metrics["mass_loss"] == pytest.approx(np.mean((errors / 2.0) ** 2), rel=1e-5)
+    assert metrics["mass_rmse"] == pytest.approx(math.sqrt(np.mean(errors**2)), rel=1e-5)
+
+
+def test_the_floor_gate_by_margin_and_closed_when_it_cannot_check():
+    heads = [Head("y", CLASSIFICATION, vocabulary=["a", "b"])]
+    floor = Floor(heads, {"y_loss": 0.69, "y_accuracy": 0.6, "y_examples": 10.0})
+    config = EvaluatorConfig()  # trivial_margin 0.01
+    assert decide({"y_loss": 0.683, "y_accuracy": 0.7}, None, config, floor=floor).blessed  # 1.0% lower
+    refused = decide({"y_loss": 0.684, "y_accuracy": 0.7}, None, config, floor=floor)
+    assert not refused.blessed and refused.failed[0].startswith("y_loss 0.684 vs 0.69 for the trivial model")
+    assert "majority class's 0.6 (not gated)" in refused.failed[0]
+    assert refused.trivial == floor.metrics
+    # Accuracy below the majority class's is not what refuses: the loss decides.
+    assert decide({"y_loss": 0.5, "y_accuracy": 0.55}, None, config, floor=floor).blessed
+    for candidate in ({"y_accuracy": 0.9}, {"y_loss": float("nan")}):
+        assert not decide(candidate, None, config, floor=floor).blessed
+    empty = Floor(heads, {"y_loss": 0.0, "y_accuracy": 0.0, "y_examples": 0.0})
+    assert "no labelled eval rows" in decide({"y_loss": 0.1}, None, config, floor=empty).failed[0]
+    broken = decide({"y_loss": 0.1}, None, config, floor=Floor(heads, problem="no train split to fit it on"))
+    assert broken.failed == ["trivial floor not computed: no train split to fit it on"]
+    headless = decide({}, None, config, floor=Floor())
+    assert headless.blessed and "no trivial floor: no heads" in headless.reasons
+
+
+def _with_shuffled_labels(source: str, target, label: str, seed: int = 0) -> str:
+    """The split with its `label` values permuted across rows (the class balance kept)."""
+    examples = [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(source, compression_type="GZIP").as_numpy_iterator()]
+    values = [e.features.feature[label] for e in examples]
+    order = np.random.default_rng(seed).permutation(len(values))
+    shuffled = [tf.train.Feature() for _ in values]
+    for feature, i in zip(shuffled, order):
+        feature.CopyFrom(values[i])
+    with tf.io.TFRecordWriter(str(target), options="GZIP") as writer:
+        for example, feature in zip(examples, shuffled):
+            example.features.feature[label].CopyFrom(feature)
+            writer.write(example.SerializeToString())
+    return str(target)
+
+
+def interaction_splits(folder, rows: int = 1024, features: int = 32, seed: int = 3) -> tuple[str, str]:
+    """label yes/no from x0 * x1 + 0.8 x2 + noise, among 32 numeric features."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for split in ("train", "eval"):
+        x = rng.normal(size=(rows, features)).astype(np.float32)
+        score = x[:, 0] * x[:, 1] + 0.8 * x[:, 2] + 0.5 * rng.normal(size=rows)
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", {f"x{i}": x[:, i] for i in range(features)}
+                                    | {"label": np.where(score > 0, "yes", "no")}))
+    return paths[0], paths[1]
+
+
+def test_a_model_trained_on_shuffled_labels_is_not_blessed(tmp_path):
+    """Trained by the trainer on labels shuffled across the train split, exported, and judged by the
+    Evaluator's code against the trivial model fitted on that split: refused for the floor alone.
+    The same model trained on the true labels is blessed."""
+    label = "label"
+    train_path, eval_path = interaction_splits(tmp_path / "data")
+    shuffled = _with_shuffled_labels(train_path, tmp_path / "shuffled.gz", label)
+    decisions = {}
+    for name, split in (("true", train_path), ("shuffled", shuffled)):
+        result = train(TrainerConfig(epochs=4, seed=1), split, eval_path, label)
+        export_dir = export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / name))
+        decisions[name] = evaluate_and_decide(export_dir, eval_path, None, EvaluatorConfig(), train_pattern=split)
+    assert decisions["true"].blessed, decisions["true"].failed
+    refused = decisions["shuffled"]
+    assert not refused.blessed
+    assert len(refused.failed) == 1 and "for the trivial model" in refused.failed[0], refused.failed
+    # Shuffling keeps the labels' distribution: both were held to the same floor.
+    assert refused.trivial[f"{label}_loss"] == pytest.approx(decisions["true"].trivial[f"{label}_loss"], rel=1e-6)
+    assert refused.candidate[f"{label}_loss"] > 0.99 * refused.trivial[f"{label}_loss"]
+
+
+def test_without_a_train_split_the_floor_refuses(tmp_path):
+    train_path, eval_path = regression_splits(tmp_path / "data", rows=128)
+    result = train(TrainerConfig(epochs=1), train_path, eval_path, "target")
+    export_dir = export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "model"))
+    decision = evaluate_and_decide(export_dir, eval_path, None, EvaluatorConfig())
+    assert decision.failed == ["trivial floor not computed: no train split to fit it on"]
+    missing = evaluate_and_decide(export_dir, eval_path, None, EvaluatorConfig(), train_pattern=str(tmp_path / "none*"))
+    assert not missing.blessed and missing.failed[0].startswith("trivial floor not computed:")

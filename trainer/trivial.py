@@ -1,0 +1,98 @@
+"""The trivial floor a blessed model must beat: the model that ignores the features, fitted on the
+train split (each classification head's class priors, each regression head's mean label) and
+scored on the eval split with each head's own loss (`HeadTotals`, as the candidate is scored).
+
+A candidate is refused when a head's loss is not below the trivial one by `evaluator.trivial_margin`
+(relative). The majority class's accuracy is reported beside it, not gated: on imbalanced data a
+good model may not beat it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.heads import CLASSIFICATION, Head, HeadTotals
+
+Batch = tuple[np.ndarray, dict[str, np.ndarray]]  # trainer.evaluation.Batch with its labels parsed
+
+
+class TrivialModel:
+    """One constant prediction per head: class priors (classification) or the mean (regression)."""
+
+    def __init__(self, heads: list[Head], predictions: dict[str, np.ndarray]):
+        self.heads, self.predictions = heads, predictions
+        self.totals = HeadTotals(heads)
+
+    @classmethod
+    def fit(cls, heads: list[Head], batches: Iterable[Batch]) -> "TrivialModel":
+        """From the labels (by head name, as `trainer.evaluation.example_batches` parses them) of
+        the train split's batches. Raises when a head has no labelled row."""
+        sums = {h.name: np.zeros(len(h.vocabulary) if h.kind == CLASSIFICATION else 1) for h in heads}
+        counts = {h.name: 0 for h in heads}
+        for _, labels in batches:
+            for head in heads:
+                target = head.encode_label(tf.constant(labels[head.name])).numpy()
+                if head.kind == CLASSIFICATION:
+                    labelled = target[target >= 0]
+                    sums[head.name] += np.bincount(labelled, minlength=len(head.vocabulary))
+                else:
+                    labelled = target[np.isfinite(target)]
+                    sums[head.name] += labelled.astype(np.float64).sum()
+                counts[head.name] += labelled.size
+        empty = [name for name, n in counts.items() if n == 0]
+        if empty:
+            raise ValueError(f"no labelled rows for {empty} in the train split")
+        return cls(heads, {name: (sums[name] / counts[name]).astype(np.float32) for name in sums})
+
+    def scoring(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Passes the batches on, scoring the constant predictions against each one's labels on the way
+        (so the eval split is read once for the candidate, the champion and this floor)."""
+        for batch, labels in batches:
+            rows = len(batch)
+            self.totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
+                            {h.name: tf.constant(np.tile(self.predictions[h.name], (rows, 1))) for h in self.heads})
+            yield batch, labels
+
+    def metrics(self) -> dict[str, float]:
+        """HeadTotals' metrics of the constant predictions: `<head>_loss`, `<head>_accuracy` (the
+        majority class's) or `<head>_rmse`, `<head>_examples`."""
+        return {k: v for k, v in self.totals.metrics().items() if k not in ("loss", "weighted_loss")}
+
+
+@dataclass
+class Floor:
+    """The trivial model's eval metrics, or why there are none (the gate then refuses)."""
+
+    heads: list[Head] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    problem: str | None = None
+
+    def checks(self, candidate: dict[str, float], margin: float) -> list[tuple[bool, str]]:
+        """(passed, words) per head; a gate that cannot be checked fails."""
+        if self.problem is not None:
+            return [(False, f"trivial floor not computed: {self.problem}")]
+        if not self.heads:
+            return [(True, "no trivial floor: no heads")]
+        return [self._check(head, candidate, margin) for head in self.heads]
+
+    def _check(self, head: Head, candidate: dict[str, float], margin: float) -> tuple[bool, str]:
+        key, trivial = f"{head.name}_loss", self.metrics.get(f"{head.name}_loss", math.nan)
+        if not self.metrics.get(f"{head.name}_examples"):
+            return False, f"{key} not compared with the trivial model: no labelled eval rows"
+        value = candidate.get(key)
+        if value is None or not math.isfinite(value):
+            return False, f"{key} not compared with the trivial model: the candidate's is {value}"
+        what = "class priors" if head.kind == CLASSIFICATION else "mean"
+        gain = 1.0 - value / trivial if trivial > 0 else -math.inf
+        text = (f"{key} {value:.4g} vs {trivial:.4g} for the trivial model (the train split's {what}): "
+                f"{gain * 100:.1f}% lower, at least {margin * 100:g}% required")
+        if head.kind == CLASSIFICATION:
+            text += (f"; accuracy {candidate.get(f'{head.name}_accuracy', math.nan):.4g} vs the majority class's "
+                     f"{self.metrics[f'{head.name}_accuracy']:.4g} (not gated)")
+        else:
+            text += f"; RMSE {candidate.get(f'{head.name}_rmse', math.nan):.4g} vs {self.metrics[f'{head.name}_rmse']:.4g}"
+        return value <= trivial * (1.0 - margin), text
