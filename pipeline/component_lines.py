@@ -149,8 +149,15 @@ def _rows(artifact) -> str:
 
 
 def _model(props, config: LooplineConfig) -> str:
+    """Steps trained, the epoch exported and its selecting metric; else the final eval loss."""
+    from components.trainer import EXPORTED
+
     metrics = {k[len("eval_"):]: v.double_value for k, v in props.items() if k.startswith("eval_")}
     steps = int(metrics.pop("steps", 0))
+    exported = json.loads(props[EXPORTED].string_value) if EXPORTED in props else {}
+    if exported.get("restored"):
+        return (f"{steps} steps, exported epoch {exported['epoch']} "
+                f"(best {exported['split']} {exported['metric']} {exported['value']:.4g})")
     name = next((m for m in (config.trainer.early_stopping_metric, "weighted_loss", "loss") if m in metrics), None)
     return f"{steps} steps" + (f", eval {name} {metrics[name]:.4g}" if name else "")
 
