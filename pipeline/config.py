@@ -175,7 +175,11 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: '{'.'.join(parts[: i + 1])}' is not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+    try:
+        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"--set {key}: the value {text!r} is not YAML ({problem})") from exc
 
 
 def _describe(error: dict[str, Any]) -> str:

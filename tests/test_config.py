@@ -47,6 +47,8 @@ def test_malformed_override_and_missing_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not a section"):
         load_config(None, ["trainer=3", "trainer.epochs=2"])
+    with pytest.raises(ConfigError, match=r"--set trainer.lr_multipliers: the value '\{shared_0:' is not YAML"):
+        load_config(None, ["trainer.lr_multipliers={shared_0:"])
 
 
 def test_flat_lists_every_key_dotted():
