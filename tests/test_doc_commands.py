@@ -18,8 +18,6 @@ PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
 SET = re.compile(r"""--set[ =](?:'([^']*)'|"([^"]*)"|([A-Za-z_][\w.]*=[^\s`]*))""")
-
-
 SHELL = ("bash", "sh", "shell", "console")
 
 
@@ -42,8 +40,8 @@ def _commands(snippet: str) -> list[list[str]]:
     `;` or a comment; a `[...]` synopsis group is read as its contents, `...` is dropped."""
     try:
         words = shlex.split(re.sub(r"(^|\s)\[([^\]]*)\]", r"\1\2", snippet), comments=True)
-    except ValueError:
-        return []
+    except ValueError:  # unbalanced quotes: reported when it was meant to be a command
+        return [[f"<the shell cannot split: {snippet}>"]] if re.match(r"\s*loopline ", snippet) else []
     found, current, at_start = [], None, True
     for word in words:
         if word in ("&", "&&", "|", ";", "||"):
