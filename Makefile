@@ -8,7 +8,7 @@ CONFIG ?= loopline.yaml
 BENCH ?= all
 PYTEST_ARGS ?=
 
-.PHONY: setup run test serve bench clean
+.PHONY: setup run test serve bench docs clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ test: setup
 
 bench: setup
 	$(PY) -m bench --only $(BENCH)
+
+# The documentation site (mkdocs, sources in docs/) into site/; broken links and anchors fail it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf workspace

@@ -1,0 +1,215 @@
+"""The benchmark figures the README and docs/benchmarks.md show, generated from bench/results/*.json.
+
+`python -m bench.figures` rewrites the README's benchmark lines and the tables of
+docs/benchmarks.md between their markers; `tests/test_bench_figures.py` fails when the committed
+pages differ from what the results say. Adding a figure is one `Figure(...)` line in FIGURES.
+"""
+from __future__ import annotations
+
+import json
+import operator
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.report import _figure
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+README = REPO / "README.md"
+BENCHMARKS_PAGE = REPO / "docs" / "benchmarks.md"
+
+LIKE_FOR_LIKE, CONTEXT = "like-for-like", "context"
+
+
+@dataclass(frozen=True)
+class Figure:
+    what: str  # the row's words
+    file: str  # bench/results/<file>.json
+    key: str  # dotted key into one run; `[i]` picks a list item (`sizes[-1]`: the largest size)
+    fmt: str = "{:.2f}x"  # how the value is written
+    target: str = ""  # "<op> <number>" (>=, <=, >, <), judged on each run; "" when there is none
+    table: str | None = LIKE_FOR_LIKE  # LIKE_FOR_LIKE, CONTEXT (not like for like, kept for context) or None
+    since_run: int = 1  # the range covers runs from this one (1-based): earlier runs measured another thing
+    readme: bool = False  # also one line in the README (one headline figure per benchmark)
+
+
+FIGURES = [
+    Figure("loop with loopline's default settings vs `model.fit()` with Keras defaults, examples/s", "train",
+           "ratio_defaults_vs_fit_default", target=">= 1.16", readme=True),
+    Figure("loop at its best (XLA, 32 steps per call, 8 unrolled) vs `fit()` at its best (`steps_per_execution` 32 + XLA)",
+           "train", "ratio_vs_fit_best", target=">= 1.0", since_run=5),
+    Figure("loop with defaults, split streamed (`in_memory_mb=0`) vs held in memory", "train",
+           "ratio_streamed_vs_in_memory", target=">= 0.8"),
+    Figure("embedded REST vs `mlflow models serve`, 16 kept-alive clients, both unpinned, batch 1, our server batching on, req/s", "serving",
+           "rest_ratio_vs_mlflow_c16", target=">= 3", readme=True),
+    Figure("embedded REST p50, 1 kept-alive client, unpinned", "serving", "loopline_rest.c1.p50_ms", "{:.2f} ms",
+           target="<= 2"),
+    Figure("`mlflow models serve` p50, 1 kept-alive client, unpinned (the other side)", "serving",
+           "mlflow_rest.c1.p50_ms", "{:.2f} ms"),
+    Figure("gRPC server's p50 over its own in-process Session call, 1 client", "serving",
+           "p50_overhead_vs_session_ms_c1", "+{:.2f} ms", target="<= 0.5"),
+    Figure("gRPC server's p50 over a gRPC server that runs no model, 1 client", "serving",
+           "grpc_floor_overhead_ms_c1", "+{:.2f} ms"),
+    Figure("TFLite dynamic-range latency vs the SavedModel's fastest call (the Session callable), 1 example",
+           "tflite", "models.tflite_dynamic_range.latency_1_vs_session", readme=True),
+    Figure("TFLite dynamic-range weight bytes vs the SavedModel's (same model)", "tflite",
+           "models.tflite_dynamic_range.weight_bytes_vs_saved_model"),
+    Figure("TFLite float32 weight bytes vs the SavedModel's", "tflite", "models.tflite_float32.weight_bytes_vs_saved_model"),
+    Figure("TFLite float16 weight bytes vs the SavedModel's", "tflite", "models.tflite_float16.weight_bytes_vs_saved_model"),
+    Figure("TFLite int8 weight bytes vs the SavedModel's", "tflite", "models.tflite_int8.weight_bytes_vs_saved_model"),
+    Figure("`loopline run` vs a bare script (pandas -> `fit` -> `export`), 1M rows, 1 epoch, wall", "scale",
+           "pipeline_vs_script_1m", target="<= 3", since_run=2, readme=True),
+    Figure("`loopline run`, 1M rows, wall", "scale", "sizes[-1].pipeline_seconds", "{:.1f} s", since_run=2),
+    Figure("the bare script, 1M rows, wall (the other side)", "scale", "sizes[-1].script_seconds", "{:.1f} s", since_run=2),
+    Figure("`loopline run` vs the bare script, 100k rows, wall", "scale", "sizes[0].pipeline_vs_script", since_run=2),
+    Figure("Arrow ExampleGen vs stock CsvExampleGen, 1M rows, each in a fresh process, wall", "scale",
+           "example_gen_arrow_vs_stock_1m", "{:.1f}x", target=">= 10", since_run=2),
+    Figure("Arrow ExampleGen, 1M rows, wall", "scale", "sizes[-1].example_gen.arrow_seconds", "{:.2f} s", since_run=2),
+    Figure("stock CsvExampleGen, 1M rows, wall (the other side)", "scale", "sizes[-1].example_gen.stock_seconds",
+           "{:.1f} s", since_run=2),
+    Figure("Arrow ExampleGen vs stock CsvExampleGen, 1M rows, CPU seconds", "scale",
+           "sizes[-1].example_gen.arrow_vs_stock_cpu", "{:.1f}x", since_run=2),
+    Figure("ExampleGen (Arrow) memory over its start, 100k rows", "scale", "sizes[0].example_gen.arrow_memory_mb",
+           "{:.0f} MB", since_run=2),
+    Figure("ExampleGen (Arrow) memory over its start, 1M rows", "scale", "sizes[-1].example_gen.arrow_memory_mb",
+           "{:.0f} MB", since_run=2),
+    Figure("stock CsvExampleGen memory over its start, 1M rows (the other side)", "scale",
+           "sizes[-1].example_gen.stock_memory_mb", "{:.0f} MB", since_run=2),
+    Figure("Evaluator in `loopline run`, 1M rows, seconds", "scale", "sizes[-1].components.Evaluator.seconds",
+           "{:.2f} s", since_run=2),
+    Figure("Evaluator memory over its start, 1M rows", "scale", "sizes[-1].components.Evaluator.memory_mb", "+{:.1f} MB",
+           since_run=2),
+    Figure("Evaluator memory, 1M rows over 100k (32 MB floor)", "scale", "memory_growth.Evaluator", target="<= 1.25"),
+    Figure("StatisticsGen memory, 1M rows over 100k (32 MB floor)", "scale", "memory_growth.StatisticsGen",
+           target="<= 1.25"),
+    Figure("StatisticsGen alone in a fresh process, memory 1M rows over 100k", "scale",
+           "memory_growth.StatisticsGen_alone", target="<= 1.25"),
+    Figure("StatisticsGen alone in a fresh process, memory, 100k rows", "scale", "sizes[0].statistics_alone.memory_mb",
+           "{:.1f} MB"),
+    Figure("StatisticsGen alone in a fresh process, memory, 1M rows", "scale", "sizes[-1].statistics_alone.memory_mb",
+           "{:.1f} MB"),
+    Figure("gRPC server vs `mlflow models serve`, 16 clients, req/s", "serving", "ratio_vs_mlflow_c16", "{:.1f}x",
+           table=CONTEXT),
+    Figure("gRPC server's p50 over an eager `tf.saved_model.load(...).signatures[...]` call, 1 client", "serving",
+           "p50_overhead_ms_c1", "+{:.2f} ms", target="<= 0.5", table=CONTEXT),
+    Figure("TFLite dynamic-range latency vs the SavedModel's eager signature call, 1 example", "tflite",
+           "models.tflite_dynamic_range.latency_1_vs_saved_model", table=CONTEXT),
+    Figure("TFLite dynamic-range file vs the whole SavedModel folder, bytes", "tflite",
+           "models.tflite_dynamic_range.size_vs_saved_model", table=CONTEXT),
+    Figure("pipeline re-run with every component cached vs cold, wall", "pipeline", "ratio_cold_vs_cached",
+           "{:.0f}x faster", table=CONTEXT, readme=True),
+    Figure("tables where loopline is within its target of the best scikit-learn baseline ([Model quality](docs/model-quality.md))",
+           "quality", "tables_within_target", "{:.0f} of 7", table=None, readme=True),
+]
+
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
+def read_runs(name: str, results: Path = RESULTS) -> list[dict]:
+    data = json.loads((results / f"{name}.json").read_text())
+    return data["runs"] if isinstance(data.get("runs"), list) else [data]
+
+
+def value(run: dict, key: str):
+    """The figure at `key` in one run (None when absent): report's dotted lookup, plus `[i]` list items."""
+    match = re.fullmatch(r"([^\[]*)\[(-?\d+)\]\.?(.*)", key)
+    if not match:
+        return _figure(run, key)
+    head, index, rest = match.groups()
+    items = _figure(run, head)
+    if not isinstance(items, list) or not -len(items) <= int(index) < len(items):
+        return None
+    return value(items[int(index)], rest) if rest else items[int(index)]
+
+
+def met(target: str, figure: float) -> bool:
+    op, bound = target.split()
+    return _OPS[op](figure, float(bound))
+
+
+class MissingFigure(ValueError):
+    pass
+
+
+def measured(fig: Figure, results: Path = RESULTS) -> tuple[float, list[float]]:
+    """The latest run's value and the values of every run from `since_run` on that has the figure.
+    A figure the latest run lacks is an error naming the file and key (a page never shows a stale one)."""
+    runs = read_runs(fig.file, results)
+    latest = value(runs[-1], fig.key)
+    if not isinstance(latest, (int, float)) or isinstance(latest, bool):
+        raise MissingFigure(f"bench/results/{fig.file}.json: the latest run has no number at '{fig.key}'")
+    seen = [value(r, fig.key) for r in runs[fig.since_run - 1:]]
+    return latest, [v for v in seen if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _judged(fig: Figure, latest: float, seen: list[float]) -> str:
+    if not fig.target:
+        return ""
+    verdict = "met" if met(fig.target, latest) else "**missed**"
+    held = sum(met(fig.target, v) for v in seen)
+    return f"{fig.target}: {verdict}" + (f"; met in {held} of {len(seen)} runs" if len(seen) > 1 else "")
+
+
+def _range(fig: Figure, seen: list[float]) -> str:
+    if len(seen) < 2:
+        return "1 run"
+    runs = f"{len(seen)} runs" + (f" from run {fig.since_run}" if fig.since_run > 1 else "")
+    return f"{fig.fmt.format(min(seen))} - {fig.fmt.format(max(seen))} ({runs})"
+
+
+def table(which: str, results: Path = RESULTS) -> str:
+    rows = ["| what | benchmark | latest | range over runs | target |", "|---|---|---|---|---|"]
+    for fig in (f for f in FIGURES if f.table == which):
+        latest, seen = measured(fig, results)
+        rows.append(f"| {fig.what} | `{fig.file}` | {fig.fmt.format(latest)} | {_range(fig, seen)} | {_judged(fig, latest, seen)} |")
+    return "\n".join(rows)
+
+
+def readme_lines(results: Path = RESULTS) -> str:
+    lines = []
+    for fig in (f for f in FIGURES if f.readme):
+        latest, seen = measured(fig, results)
+        judged = _judged(fig, latest, seen)
+        lines.append(f"- `{fig.file}`: {fig.what}: **{fig.fmt.format(latest)}**" + (f" (target {judged})" if judged else ""))
+    return "\n".join(lines)
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+
+
+def sections(results: Path = RESULTS) -> dict[Path, dict[str, str]]:
+    """What goes between each page's markers."""
+    return {README: {"readme": readme_lines(results)},
+            BENCHMARKS_PAGE: {LIKE_FOR_LIKE: table(LIKE_FOR_LIKE, results), CONTEXT: table(CONTEXT, results)}}
+
+
+def shown(text: str, name: str) -> str:
+    start, end = markers(name)
+    if start not in text or end not in text:
+        raise ValueError(f"the markers {start} ... {end} are missing")
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def replaced(text: str, name: str, body: str) -> str:
+    start, end = markers(name)
+    head, rest = text.split(start, 1)
+    return f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}"
+
+
+def write_pages(results: Path = RESULTS) -> list[Path]:
+    written = []
+    for page, bodies in sections(results).items():
+        text = page.read_text()
+        for name, body in bodies.items():
+            text = replaced(text, name, body)
+        page.write_text(text)
+        written.append(page)
+    return written
+
+
+if __name__ == "__main__":
+    for page in write_pages():
+        print(f"wrote the benchmark figures into {page.relative_to(REPO)}")

@@ -1,0 +1,49 @@
+"""The README's benchmark lines and docs/benchmarks.md's tables are what bench/figures.py makes of
+bench/results/*.json (regenerate: python -m bench.figures)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import figures
+from bench.figures import Figure
+
+
+@pytest.mark.parametrize("page", [figures.README, figures.BENCHMARKS_PAGE], ids=lambda p: p.name)
+def test_the_committed_pages_show_what_the_results_say(page):
+    text = page.read_text()
+    for name, body in figures.sections()[page].items():
+        assert figures.shown(text, name) == body.strip(), f"{page.name} is stale: run python -m bench.figures"
+
+
+def test_every_figure_is_in_its_results_file():
+    for fig in figures.FIGURES:
+        latest, seen = figures.measured(fig)
+        assert latest in seen, fig
+
+
+def _results(tmp_path, runs):
+    (tmp_path / "demo.json").write_text(json.dumps({"runs": runs}))
+    return tmp_path
+
+
+def test_targets_are_judged_on_the_latest_run_and_counted_over_the_range(tmp_path, monkeypatch):
+    results = _results(tmp_path, [{"ratio": 0.5}, {"ratio": 3.4}, {"ratio": 2.9}])
+    monkeypatch.setattr(figures, "FIGURES", [
+        Figure("a ratio", "demo", "ratio", target=">= 3"),
+        Figure("the same since run 2", "demo", "ratio", target=">= 3", since_run=2, table=figures.CONTEXT),
+    ])
+    assert figures.table(figures.LIKE_FOR_LIKE, results).splitlines()[2] == (
+        "| a ratio | `demo` | 2.90x | 0.50x - 3.40x (3 runs) | >= 3: **missed**; met in 1 of 3 runs |")
+    assert figures.table(figures.CONTEXT, results).splitlines()[2] == (
+        "| the same since run 2 | `demo` | 2.90x | 2.90x - 3.40x (2 runs from run 2) | >= 3: **missed**; met in 1 of 2 runs |")
+
+
+def test_list_items_and_a_missing_figure(tmp_path):
+    results = _results(tmp_path, [{"sizes": [{"rows": 10, "x": 1.0}, {"rows": 100, "x": 2.0}]}])
+    assert figures.measured(Figure("", "demo", "sizes[-1].x"), results) == (2.0, [2.0])
+    assert figures.measured(Figure("", "demo", "sizes[0].x"), results) == (1.0, [1.0])
+    with pytest.raises(figures.MissingFigure, match=r"demo.json: the latest run has no number at 'sizes\[2\].x'"):
+        figures.measured(Figure("", "demo", "sizes[2].x"), results)
+
