@@ -120,8 +120,6 @@ def _describe(annotation) -> tuple[str, list[str]]:
     if origin is dict:
         key, key_allowed = _describe(args[0])
         value, value_allowed = _describe(args[1])
-        if _section_model(args[1]):
-            value = "section"
         return (f"mapping of {key} to {value}",
                 [f"keys {a}" for a in key_allowed] + [f"values {a}" for a in value_allowed])
     if _section_model(annotation):
