@@ -52,16 +52,18 @@ class _Section(BaseModel):
 
 
 class PipelineSection(_Section):
-    name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-    root: str = "workspace"
-    # ML Metadata's SQLite file (a local path: SQLite needs one). Null: <root>/metadata.sqlite,
-    # which needs a local root; with a remote root the local runner requires this key.
-    metadata_path: str | None = None
-    enable_cache: bool = True
-    # Apache Beam options for the Beam-based components (ExampleGen, Pusher...), e.g.
-    # ["--direct_running_mode=multi_processing", "--direct_num_workers=0"] or a Flink, Spark or
-    # Dataflow runner's flags. Empty: Beam's DirectRunner in-process.
-    beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = []
+    name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", description="The TFX pipeline's name.")
+    root: str = Field(
+        "workspace", description="Artifacts (`tfx/`), the serving folder (`serving/`), the data baseline (`baseline/`), "
+        "logs (`logs/`) and ML Metadata (`metadata.sqlite`) when local; a folder or `gs://...`.")
+    metadata_path: str | None = Field(
+        None, description="ML Metadata's SQLite file (always local: SQLite needs one). null: "
+        "`<pipeline.root>/metadata.sqlite`; required when pipeline.root is remote.")
+    enable_cache: bool = Field(True, description="Reuse the outputs of components whose inputs and settings are unchanged.")
+    beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = Field(
+        [], description="Apache Beam options for ExampleGen, StatisticsGen, Pusher and the other Beam-based components, "
+        "e.g. [\"--direct_running_mode=multi_processing\", \"--direct_num_workers=0\"] or a Flink, Spark or Dataflow "
+        "runner's flags. Empty: Beam's DirectRunner in process.")
     lock_wait_seconds: float = Field(
         600, ge=0, description="How long `loopline run` and `loopline data accept` wait for another run holding the "
         "lock on the same ML Metadata file (`<metadata file>.lock`) before stopping with one line naming it; "
@@ -76,23 +78,28 @@ warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" 
 
 
 class DataSection(_Section):
-    # csv: data.path a CSV file or a glob of them; tfrecord: tf.Example TFRecords (a file or glob; GZIP from a .gz
-    # suffix); parquet: Parquet file(s); image_folder: a folder of class folders of images.
-    format: Literal["csv", "tfrecord", "parquet", "image_folder"] = "csv"
-    path: str = "data/penguins.csv"
-    label: str = "species"
-    # auto: strings classification, numbers regression; classification also takes whole numbers.
-    # A model module's declared kinds win; a contradiction is an error.
-    label_kind: Literal["auto", "classification", "regression"] = "auto"
-    # Keep only the N most frequent classes (the other rows are counted and logged); null: all.
-    max_classes: int | None = Field(None, ge=2)
-    # A curated tensorflow-metadata Schema (text format); null: inferred from the train split.
-    schema: str | None = None
-    # The eval split, the same kind of thing as data.path (same folder tree); null: data.path is split 2:1.
-    eval_path: str | None = None
-    # The CSV reader: Arrow record batches + tfx-bsl's C++ encoder, or TFX's stock CsvExampleGen
-    # (per-line Python). Both write the same artifact.
-    example_gen: Literal["arrow", "stock"] = "arrow"
+    format: Literal["csv", "tfrecord", "parquet", "image_folder"] = Field(
+        "csv", description="csv: CSV files; tfrecord: tf.Example TFRecords through TFX's ImportExampleGen (GZIP from "
+        "a `.gz` suffix); parquet: Parquet files; image_folder: a folder of class folders of images.")
+    path: str = Field(
+        "data/penguins.csv", description="The data to train on, as data.format says: a CSV file (header row) or a glob "
+        "of CSV files with the same header, a TFRecord or Parquet file or glob, or an image folder.")
+    label: str = Field("species", description="The label column (`label` for an image folder).")
+    label_kind: Literal["auto", "classification", "regression"] = Field(
+        "auto", description="auto: strings classification, numbers regression; classification also takes whole "
+        "numbers. A model module's declared kinds win; a contradiction is an error.")
+    max_classes: int | None = Field(
+        None, ge=2, description="Keep only the N most frequent classes (the other rows are counted and logged, and left "
+        "out of loss and accuracy); null: every class.")
+    schema: str | None = Field(
+        None, description="A curated tensorflow-metadata Schema (text format); null: the data baseline's schema, "
+        "else (the first run on a root) inferred from this run's train split.")
+    eval_path: str | None = Field(
+        None, description="The eval split, the same kind of thing as data.path (a CSV, a file or glob, an image folder); "
+        "null: data.path is split 2:1.")
+    example_gen: Literal["arrow", "stock"] = Field(
+        "arrow", description="The CSV reader: arrow (Arrow record batches written as tf.Examples a column at a time by "
+        "tfx-bsl's C++ encoder) or stock (TFX's CsvExampleGen, per-line Python). Both write the same artifact.")
     na_values: list[str] | None = Field(
         None, description="CSV cells read as missing, in every column (the whole cell, quoted or not); replaces "
                           "pandas' default list, which null keeps: '', 'NA', 'N/A', 'n/a', 'NaN', 'nan', 'null', "
@@ -115,29 +122,39 @@ class DataSection(_Section):
 
 
 class MlflowSection(_Section):
-    enabled: bool = True
-    # None: an embedded store, SQLite + local artifacts in <pipeline.root>/mlflow.
-    tracking_uri: str | None = None
-    experiment: str = "loopline"
-    # None: registered under serving.model_name.
-    registered_model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    # `loopline promote --alias A` points TF Serving's version label alias_labels[A] at the version.
-    alias_labels: dict[str, str] = {"champion": "stable", "challenger": "canary"}
-    flush_interval_s: float = Field(2.0, ge=0, description="Seconds between metric batches sent.")
-    close_timeout_s: float = Field(30.0, ge=0, description="How long the end of training waits for unsent metrics.")
+    enabled: bool = Field(True, description="Track runs and register models in MLflow (a Registrar component).")
+    tracking_uri: str | None = Field(
+        None, description="An MLflow server's URL; null: an embedded store, SQLite and local artifacts in "
+        "`<pipeline.root>/mlflow` (a server URL is required when pipeline.root is remote).")
+    experiment: str = Field("loopline", description="The MLflow experiment of the runs.")
+    registered_model: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The registered model's name; null: serving.model_name.")
+    alias_labels: dict[str, str] = Field(
+        {"champion": "stable", "challenger": "canary"}, description="MLflow alias -> TF Serving version label: "
+        "`loopline promote --alias A` points the label alias_labels[A] at the promoted version.")
+    flush_interval_s: float = Field(2.0, ge=0, description="Seconds between metric batches sent (0: send at every log).")
+    close_timeout_s: float = Field(
+        30.0, ge=0, description="How long the end of training waits for unsent metrics before saving them to a file.")
     http_retries: int = Field(2, ge=0, description="Retries per MLflow HTTP request (MLflow's own default waits minutes).")
-    http_timeout_s: float = Field(20.0, gt=0)
+    http_timeout_s: float = Field(
+        20.0, gt=0, description="Seconds an MLflow HTTP request may take (MLflow's own default blocks for minutes when "
+        "the server is down).")
 
 
 class LooplineConfig(_Section):
-    pipeline: PipelineSection = PipelineSection()
-    data: DataSection = DataSection()
-    trainer: TrainerConfig = TrainerConfig()
-    serving: ServingConfig = ServingConfig()
-    export: ExportConfig = ExportConfig()
-    evaluator: EvaluatorConfig = EvaluatorConfig()
-    mlflow: MlflowSection = MlflowSection()
-    validation: ValidationConfig = ValidationConfig()
+    pipeline: PipelineSection = Field(PipelineSection(), description="The TFX pipeline: its name, where it writes, "
+                                      "ML Metadata, caching, Beam.")
+    data: DataSection = Field(DataSection(), description="The data to train on and how it is read.")
+    trainer: TrainerConfig = Field(TrainerConfig(), description="The custom-loop trainer: the model, the step's "
+                                   "controls, checkpoints, evaluation, summaries.")
+    serving: ServingConfig = Field(ServingConfig(), description="The served model and the embedded TF-Serving-compatible "
+                                   "server (`loopline serve`).")
+    export: ExportConfig = Field(ExportConfig(), description="What the Trainer writes besides the SavedModel: TFLite "
+                                 "variants and their parity gate, the warmup file.")
+    evaluator: EvaluatorConfig = Field(EvaluatorConfig(), description="When a candidate model is blessed (and so pushed).")
+    mlflow: MlflowSection = Field(MlflowSection(), description="MLflow tracking, the model registry and promotion.")
+    validation: ValidationConfig = Field(ValidationConfig(), description="Data validation: within a run, and against "
+                                         "the baseline of the last pushed run.")
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -8,8 +8,9 @@ import time
 import tensorflow as tf
 
 # Where the trainer writes `tensorboard/{train,eval}`: the pipeline's Trainer (its ModelRun
-# artifact) and `loopline train` (its work folder), both under pipeline.root.
-TRAINER_LOGS = ("tfx/*/Trainer/model_run/*/tensorboard", "train/*/tensorboard")
+# artifact, `<pipeline.root>/tfx/<component>/<output>/<execution id>`) and `loopline train` (its
+# work folder), both under pipeline.root.
+TRAINER_LOGS = ("tfx/Trainer/model_run/*/tensorboard", "train/*/tensorboard")
 
 
 def newest_logdir(root: str) -> str:

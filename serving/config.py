@@ -16,54 +16,63 @@ class _Section(BaseModel):
 class BatchingConfig(_Section):
     """Server-side batching of concurrent requests (TF Serving's batching.config)."""
 
-    enabled: bool = True
-    max_batch_size: int = Field(32, ge=1)
-    batch_timeout_micros: int = Field(1000, ge=0)
-    num_batch_threads: int = Field(2, ge=1)
-    max_enqueued_batches: int = Field(100, ge=1)
+    enabled: bool = Field(True, description="Run concurrent requests to one signature as one call.")
+    max_batch_size: int = Field(32, ge=1, description="The most rows in one batched call.")
+    batch_timeout_micros: int = Field(
+        1000, ge=0, description="TF Serving's wait for a batch to fill, written to batching.config for it; loopline's "
+        "server does not wait (the running batch is the timeout).")
+    num_batch_threads: int = Field(2, ge=1, description="Batches run at once; a request that finds them all busy "
+                                                        "queues and is taken along by the next.")
+    max_enqueued_batches: int = Field(
+        100, ge=1, description="Queued work, in batches of max_batch_size requests; beyond it a request is refused "
+        "with RESOURCE_EXHAUSTED (REST: 429).")
 
 
 class ServingConfig(_Section):
-    model_name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    host: str = "127.0.0.1"
-    grpc_port: int = Field(8500, ge=0, le=65535)
-    rest_port: int = Field(8501, ge=0, le=65535)
-    # Versions kept loaded: the newest N (TF Serving's `latest` policy) unless labels pin others.
-    num_versions: int = Field(1, ge=1)
+    model_name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description=(
+        "The served model's name; pushes go to `<pipeline.root>/serving/<model_name>/<version>/`."))
+    host: str = Field("127.0.0.1", description="The address the server binds (gRPC and REST).")
+    grpc_port: int = Field(8500, ge=0, le=65535, description="gRPC port (0: any free port; the server prints it).")
+    rest_port: int = Field(8501, ge=0, le=65535, description="REST port (0: any free port; the server prints it).")
+    num_versions: int = Field(1, ge=1, description="Versions kept loaded: the newest N (TF Serving's `latest` policy) "
+                                                   "unless labels pin others.")
     keep_versions: int = Field(
         5, ge=1, description="Version folders kept in the serving folder after a push: the newest N, plus any "
         "version models.config names or an MLflow alias points to; older ones are removed. At least num_versions.")
-    # How often the server looks for new versions and models.config changes.
-    poll_seconds: float = Field(2.0, gt=0)
-    # Largest request (gRPC message or REST body) accepted; larger ones get RESOURCE_EXHAUSTED.
-    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # Replay assets.extra/tf_serving_warmup_requests before routing to a new version.
-    warmup: bool = True
-    # TF Serving's --enable_signature_method_name_check (off there by default): Classify and Regress
-    # then need the signature's method name to be classify/regress, Predict one of the three.
-    signature_method_name_check: bool = False
-    # gRPC TLS: both paths set turns it on.
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    grpc_workers: int = Field(32, ge=1)
-    # TensorFlow's thread pools in the server process (TF Serving's --tensorflow_inter_op_parallelism
-    # and --tensorflow_intra_op_parallelism); 0 lets TensorFlow choose. Concurrent requests already
-    # run side by side, so one inter-op thread avoids a hand-off per call for small models.
-    inter_op_threads: int = Field(1, ge=0)
-    intra_op_threads: int = Field(0, ge=0)
-    # oneDNN kernels (TF_ENABLE_ONEDNN_OPTS) in the `loopline serve` process: faster on large
-    # batches, slower per call on the small ones a server mostly sees (a 3-layer MLP at batch 1:
-    # ~130 us of ops with them, ~100 us without). Takes effect only before TensorFlow is imported.
-    onednn: bool = False
-    # Pin `loopline serve` to these CPU ids (Linux), e.g. to keep it off the cores its clients or
-    # other processes use. The Python server holds one core's worth of work at a time (the GIL);
-    # on one core its threads hand requests to each other without crossing cores (on 2 shared
-    # cores: p50 ~0.15 ms lower at 1 client, ~40% more requests/s at 16). None: all CPUs.
-    cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
-    batching: BatchingConfig = BatchingConfig()
+    poll_seconds: float = Field(2.0, gt=0, description="How often the server looks for new versions and models.config "
+                                                       "changes.")
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description=(
+        "The largest request (gRPC message or REST body) accepted; larger ones get RESOURCE_EXHAUSTED (REST: 413)."))
+    warmup: bool = Field(True, description="Replay the version's `assets.extra/tf_serving_warmup_requests` before "
+                                           "routing to it; a version whose warmup fails is refused.")
+    signature_method_name_check: bool = Field(
+        False, description="TF Serving's --enable_signature_method_name_check (off there by default): Classify and "
+        "Regress then need the signature's method name to be classify/regress, Predict one of the three.")
+    tls_cert: str | None = Field(None, description="PEM certificate file for gRPC TLS; set with tls_key, it turns TLS on.")
+    tls_key: str | None = Field(None, description="PEM private key file for gRPC TLS; set with tls_cert.")
+    grpc_workers: int = Field(32, ge=1, description="gRPC handler threads.")
+    # Concurrent requests already run side by side, so one inter-op thread avoids a hand-off per
+    # call for small models.
+    inter_op_threads: int = Field(1, ge=0, description=(
+        "TensorFlow's inter-op thread pool in the server process (TF Serving's --tensorflow_inter_op_parallelism); "
+        "0: TensorFlow chooses. Raise it for models with parallel branches."))
+    intra_op_threads: int = Field(0, ge=0, description=(
+        "TensorFlow's intra-op thread pool in the server process (TF Serving's --tensorflow_intra_op_parallelism); "
+        "0: TensorFlow chooses."))
+    # A 3-layer MLP at batch 1: ~130 us of ops with oneDNN, ~100 us without.
+    onednn: bool = Field(False, description=(
+        "oneDNN kernels (TF_ENABLE_ONEDNN_OPTS) in the `loopline serve` process: faster on large batches, slower per "
+        "call on the small ones a server mostly sees. Takes effect only before TensorFlow is imported."))
+    # The Python server holds one core's worth of work at a time (the GIL); on 2 shared cores,
+    # pinned to one: p50 ~0.15 ms lower at 1 client, ~40% more requests/s at 16.
+    cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, description=(
+        "Pin `loopline serve` to these CPU ids (Linux), e.g. [1] to keep it off the cores its clients use; on one core "
+        "its threads hand requests to each other without crossing cores. null: all CPUs."))
+    batching: BatchingConfig = Field(BatchingConfig(), description=(
+        "Server-side batching of concurrent requests (TF Serving's batching.config)."))
     request_log: RequestLogConfig = Field(RequestLogConfig(), description=(
-        "Request logging: PredictionLog records of served requests under <pipeline.root>/request_logs "
-        "(docs/monitoring.md)."))
+        "Request logging: PredictionLog records of served requests under `<pipeline.root>/request_logs`, which "
+        "`loopline monitor` reads."))
     allowed_base_paths: list[str] | None = Field(
         None, description="Base paths (folders or URIs, and what is inside them) that a model config sent over the "
         "network (ModelService.HandleReloadConfigRequest) may name; a config naming any other is refused whole. "

@@ -42,10 +42,11 @@ def test_newest_logdir_picks_the_latest_trainer_run(run_dir, tmp_path):
 
     root, logs = run_dir
     assert newest_logdir(str(root)) == str(logs)
-    older = tmp_path / "tfx" / "penguins" / "Trainer" / "model_run" / "7" / "tensorboard" / "train"
+    older = tmp_path / "tfx" / "Trainer" / "model_run" / "7" / "tensorboard" / "train"  # the pipeline's layout
     older.mkdir(parents=True)
     (older / "events.out.tfevents.1").write_bytes(b"")
     os.utime(older / "events.out.tfevents.1", (1, 1))
+    assert newest_logdir(str(tmp_path)) == str(older.parent)
     newer = tmp_path / "train" / "penguins" / "tensorboard" / "train"
     newer.mkdir(parents=True)
     (newer / "events.out.tfevents.2").write_bytes(b"")

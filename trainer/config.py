@@ -39,13 +39,14 @@ class OptimizerSettings(Section):
     """`trainer.optimizers.<name>`: learning-rate keys for one of a module's optimizers (keyed like
     the models they train); a key left out takes the trainer-level value."""
 
-    learning_rate: float | None = Field(None, gt=0)
-    lr_schedule: Schedule | None = None
-    warmup_steps: int | None = Field(None, ge=0)
-    decay_steps: int | None = Field(None, ge=1)
-    decay_rate: float | None = Field(None, gt=0, le=1)
-    cycle_steps: int | None = Field(None, ge=2)
-    min_learning_rate: float | None = Field(None, ge=0)
+    learning_rate: float | None = Field(None, gt=0, description="This optimizer's peak learning rate; null: "
+                                        "trainer.learning_rate.")
+    lr_schedule: Schedule | None = Field(None, description="This optimizer's schedule; null: trainer.lr_schedule.")
+    warmup_steps: int | None = Field(None, ge=0, description="null: trainer.warmup_steps.")
+    decay_steps: int | None = Field(None, ge=1, description="null: trainer.decay_steps.")
+    decay_rate: float | None = Field(None, gt=0, le=1, description="null: trainer.decay_rate.")
+    cycle_steps: int | None = Field(None, ge=2, description="null: trainer.cycle_steps.")
+    min_learning_rate: float | None = Field(None, ge=0, description="null: trainer.min_learning_rate.")
 
 
 class TrainerConfig(Section):
@@ -54,18 +55,23 @@ class TrainerConfig(Section):
     module_file: str | None = Field(
         None, description="User model module (build_model, heads...); null builds a generic tabular model."
     )
-    epochs: int = Field(20, ge=1)
+    epochs: int = Field(20, ge=1, description="Passes over the training split (fewer when max_steps or early "
+                        "stopping ends the run first).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Global batch size (split across replicas).")
-    learning_rate: float = Field(0.01, gt=0)
-    seed: int = 42
-    input: InputConfig = InputConfig()
+    learning_rate: float = Field(0.01, gt=0, description="The peak learning rate of the schedule (Adam's unless the "
+                                 "module builds its own optimizers).")
+    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (initial weights, shuffling) and the "
+                      "augmentations' random streams (bit-identical reruns on CPU need deterministic too).")
+    input: InputConfig = Field(InputConfig(), description="tf.data over the GZIP TFRecord splits.")
 
     # Distribution and speed.
     strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = Field(
         "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored on 2+ GPUs, else one device."
     )
-    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "float32", description="Keras mixed precision policy; mixed_float16 adds dynamic loss scaling "
+        "(LossScaleOptimizer), mixed_bfloat16 needs none. Variables and the exported model stay float32.")
     jit_compile: bool | Literal["auto"] = Field(
         "auto", description="Compile the step with XLA. auto: on with one replica, no debug and no train_step "
         "override (logged when off); true where it cannot apply is refused.",
@@ -110,7 +116,7 @@ class TrainerConfig(Section):
 
     # Checkpoints, evaluation, summaries.
     checkpoint_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
-    keep_checkpoints: int = Field(3, ge=1)
+    keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept in `<work_dir>/checkpoints` (the newest N).")
     resume: bool = Field(
         True, description="Resume from the latest checkpoint in the work folder; false moves old checkpoints aside "
         "(to checkpoints-set-aside-<time>, logged) and starts at step 0.",
@@ -123,7 +129,8 @@ class TrainerConfig(Section):
     )
     early_stopping_metric: str | None = Field(
         "auto", description="The validation metric that picks the weights to export (restore_best) and that early "
-        "stopping watches, e.g. species_loss or species_accuracy (direction: trainer.heads.higher_is_better). "
+        "stopping watches, e.g. species_loss or species_accuracy (higher is better for a name with a word accuracy, "
+        "auc, precision, recall or f1, lower for others). "
         "auto: <data.label>_loss (none for a model without heads); null: neither.",
     )
     early_stopping_patience: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(

@@ -9,8 +9,10 @@ from trainer.config import Section
 
 
 class Bound(Section):
-    min: float | None = None
-    max: float | None = None
+    """`evaluator.thresholds.<metric>`: an absolute bound on one eval metric."""
+
+    min: float | None = Field(None, description="The metric must be at least this; null: no lower bound.")
+    max: float | None = Field(None, description="The metric must be at most this; null: no upper bound.")
 
 
 class EvaluatorConfig(Section):
@@ -18,7 +20,7 @@ class EvaluatorConfig(Section):
 
     thresholds: dict[str, Bound] = Field(
         default_factory=dict,
-        description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}}.",
+        description="Absolute bounds on eval metrics, e.g. {species_accuracy: {min: 0.8}, loss: {max: 0.3}}.",
     )
     compare_to_champion: bool = Field(True, description="Refuse candidates that regress against the champion (labelled, else last pushed).")
     on_champion_error: Literal["refuse", "thresholds_only"] = Field(
@@ -27,7 +29,10 @@ class EvaluatorConfig(Section):
                     "its heads differ, or a compared metric is missing on its side): refuse the candidate, "
                     "or bless it on the thresholds alone, saying so.",
     )
-    regression_metrics: list[str] = Field(default_factory=lambda: ["loss"], description="Metrics compared with the champion.")
+    regression_metrics: list[str] = Field(
+        default_factory=lambda: ["loss"], description="Metrics compared with the champion. Direction by one rule, the "
+        "one early stopping uses: a name with a word accuracy, auc, precision, recall or f1 is higher-is-better, others "
+        "lower. weighted_loss (heads weighted as training ended) is there for a module with loss_weights.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
     trivial_margin: float = Field(

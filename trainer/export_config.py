@@ -28,8 +28,17 @@ class ExportConfig(Section):
         default_factory=lambda: ["float32", "dynamic_range"],
         description="TFLite files converted from the predict_raw signature; [] for none.",
     )
-    output_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_OUTPUT_TOLERANCE))
-    metric_tolerance: dict[TFLiteVariant, float] = Field(default_factory=lambda: dict(DEFAULT_METRIC_TOLERANCE))
+    output_tolerance: dict[TFLiteVariant, float] = Field(
+        default_factory=lambda: dict(DEFAULT_OUTPUT_TOLERANCE),
+        description="Per variant: the largest absolute output difference from the SavedModel on the parity examples "
+                    "(probabilities; regression outputs in label standard deviations). Variants left out keep their "
+                    "defaults.",
+    )
+    metric_tolerance: dict[TFLiteVariant, float] = Field(
+        default_factory=lambda: dict(DEFAULT_METRIC_TOLERANCE),
+        description="Per variant: the largest metric difference from the SavedModel (accuracy; regression: RMSE in "
+                    "label standard deviations). Variants left out keep their defaults.",
+    )
     required_variants: list[TFLiteVariant] = Field(
         default_factory=lambda: ["float32"],
         description="Variants whose parity failure fails the run; any other variant that fails is dropped (its file "
