@@ -1,12 +1,20 @@
-"""The pipeline at scale: `loopline run` against a bare training script (bench/scale_script.py) on
-the same penguins-like CSV (the bundled rows resampled with a little noise, seeded) at 100k and 1M
-rows (also 5M with SCALE_5M=1; SCALE_ROWS=2000,20000 picks other sizes, e.g. for a quick check),
-same model size, one epoch, batch 256; and the Arrow ExampleGen against the stock CsvExampleGen on
-the same file.
+"""The pipeline at scale: `loopline run` against two training scripts on the same penguins-like CSV
+(the bundled rows resampled with a little noise, seeded) at 100k and 1M rows (also 5M with
+SCALE_5M=1, 10M with SCALE_10M=1; SCALE_ROWS=2000,20000 picks other sizes, e.g. for a quick
+check), same model size, one epoch, batch 256: the bare script (bench/scale_script.py, the
+encoding inside the model) and the lean one (bench/scale_lean_script.py, pandas one-hot encoding
+outside it), both with the validation split loopline holds out. Also the Arrow ExampleGen against
+the stock CsvExampleGen on the same file.
 
-The script and `loopline run` each run in their own process, timed from start to exit (imports
-included on both sides). The pipeline process's memory (RSS, children included) is sampled every
-100 ms; a component's window is read from ML Metadata (execution created -> last updated).
+Each size runs ROUNDS interleaved rounds (script, lean script, pipeline; one round above BIG rows,
+without the stock ExampleGen and the seed runs); every process is timed from start to exit
+(imports included on all sides), in wall seconds and in CPU seconds of the process and its
+children (the kernel's accounting once it has exited). A ratio is the median of the rounds' own
+ratios: on a shared machine wall time swings with the other load, CPU time much less. The
+pipeline process's memory (RSS, children included) and CPU seconds are sampled every 100 ms; a
+component's window is read from ML Metadata (execution created -> last updated), and the time
+outside the components is split into start-up, between components and after the last.
+`python -m bench.scale --docs` writes the before/after tables into docs/pipeline-speed.md.
 
 Memory. A component's `memory_mb` is its peak RSS in its window minus the RSS at its start,
 floored at 0. In one process that figure can hide memory: a component may reuse what an earlier
@@ -26,11 +34,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
-import resource
-import statistics
 import threading
 import time
 from dataclasses import dataclass
