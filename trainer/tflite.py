@@ -87,7 +87,12 @@ def _collector_sees_new_objects_only():
     """The converter runs a full gc.collect() on each conversion; in a pipeline's process (TF,
     TFX, Beam and MLflow loaded) scanning every object alive costs seconds. The objects alive
     before the conversion are set aside meanwhile (gc.freeze), so it scans only the
-    conversion's own, which are the ones it means to free."""
+    conversion's own, which are the ones it means to free. Where the caller has set objects
+    aside already (`loopline run` does, after its imports), that stays as it is: unfreezing
+    would give the caller's back to the collector."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield
