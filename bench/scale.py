@@ -496,32 +496,31 @@ def _cell(value) -> str:
     return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def _columns(runs: list[dict | None], values) -> str:
-    return " | ".join(" | ".join(_cell(v) for v in values(run)) if run else " | " for run in runs)
-
-
-def component_table(before: dict | None, after: dict | None, rows: int = 1_000_000) -> str:
+def component_table(columns: list[tuple[str, dict | None]]) -> str:
     """Seconds and CPU seconds of each part of `loopline run` (the round with the median CPU
-    seconds), beside the scripts' medians."""
-    runs = [before, after]
-    sizes = [_size(r, rows) if r else None for r in runs]
+    seconds) beside the scripts' medians, one pair of columns per (label, size figures)."""
     parts: list[str] = []
-    for size in sizes:
-        for name in [*(size or {}).get("outside_components", {})][:1] + [*(size or {}).get("components", {})] \
-                + [*(size or {}).get("outside_components", {})][1:]:
+    for _, size in columns:
+        outside = [*(size or {}).get("outside_components", {})]
+        for name in outside[:1] + [*(size or {}).get("components", {})] + outside[1:]:
             if name not in parts:
                 parts.append(name)
 
-    def figures(size, name):
-        part = size.get("components", {}).get(name) or size.get("outside_components", {}).get(name) or {}
-        return part.get("seconds"), part.get("cpu_seconds")
+    def row(label: str, figures) -> str:
+        cells = [" | ".join(_cell(v) for v in figures(size)) if size else " | " for _, size in columns]
+        return f"| {label} | " + " | ".join(cells) + " |"
 
-    lines = ["| part of `loopline run` | before s | before CPU s | after s | after CPU s |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | " + _columns(sizes, lambda size, n=name: figures(size, n)) + " |" for name in parts]
-    lines.append("| **whole run (median of the rounds)** | "
-                 + _columns(sizes, lambda size: (size["pipeline_seconds"], size["pipeline_cpu_seconds"])) + " |")
+    def part(size, name):
+        found = size.get("components", {}).get(name) or size.get("outside_components", {}).get(name) or {}
+        return found.get("seconds"), found.get("cpu_seconds")
+
+    lines = ["| part of `loopline run` | " + " | ".join(f"{label} s | {label} CPU s" for label, _ in columns) + " |",
+             "|---|" + "---|---|" * len(columns)]
+    lines += [row(name, lambda size, n=name: part(size, n)) for name in parts]
+    lines.append(row("**whole run (median of the rounds)**", lambda size: (size["pipeline_seconds"], size["pipeline_cpu_seconds"])))
     for who, label in (("script", "bare script (`bench/scale_script.py`)"), ("lean_script", "lean script (`bench/scale_lean_script.py`)")):
-        lines.append(f"| {label} | " + _columns(sizes, lambda size, w=who: (size[f"{w}_seconds"], size[f"{w}_cpu_seconds"])) + " |")
+        lines.append(row(label, lambda size, w=who: (size[f"{w}_seconds"], size[f"{w}_cpu_seconds"])))
+    lines.append(row("peak RSS of `loopline run`, MB", lambda size: (size["peak_rss_mb"], None)))
     return "\n".join(lines) + "\n"
 
 
@@ -539,8 +538,14 @@ def markdown(runs: list[dict]) -> str:
     before, after = _pair(runs)
     dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in
                       (("before", before), ("after", after)) if run)
-    return "\n".join([f"Runs shown: {dates}.", "", "### Ratios", "", ratio_table(before, after),
-                      "### Where the time goes, 1M rows", "", component_table(before, after)])
+    out = [f"Runs shown: {dates}.", "", "### Ratios", "", ratio_table(before, after),
+           "### Where the time goes, 1M rows", "",
+           component_table([(label, _size(run, 1_000_000) if run else None) for label, run in (("before", before), ("after", after))])]
+    big = _size(after, 10_000_000) if after else None
+    if big:
+        out += [f"### 10M rows (after; one round, the training split {big['training_split']})", "",
+                component_table([("1M", _size(after, 1_000_000)), ("10M", big)])]
+    return "\n".join(out)
 
 
 def read_runs(path: Path = RESULTS) -> list[dict]:
