@@ -525,7 +525,7 @@ def component_table(columns: list[tuple[str, dict | None]]) -> str:
 
 
 def ratio_table(before: dict | None, after: dict | None) -> str:
-    keys = [*(f"{key}_1m" for key in RATIOS), *(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m", "training_split_10m"]
+    keys = [*(f"{key}_1m" for key in RATIOS), "example_gen_arrow_vs_stock_1m"]
     lines = ["| figure | target | before | after |", "|---|---|---|---|"]
     for key in keys:
         if any(run and key in run for run in (before, after)):
@@ -535,16 +535,21 @@ def ratio_table(before: dict | None, after: dict | None) -> str:
 
 
 def markdown(runs: list[dict]) -> str:
+    """The before/after tables at 1M rows and, from the latest run with 10M rows, its own table."""
     before, after = _pair(runs)
     dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in
                       (("before", before), ("after", after)) if run)
-    out = [f"Runs shown: {dates}.", "", "### Ratios", "", ratio_table(before, after),
+    out = [f"Runs shown: {dates}.", "", "### Ratios at 1M rows", "", ratio_table(before, after),
            "### Where the time goes, 1M rows", "",
            component_table([(label, _size(run, 1_000_000) if run else None) for label, run in (("before", before), ("after", after))])]
-    big = _size(after, 10_000_000) if after else None
+    big = next((r for r in reversed(runs) if _size(r, 10_000_000)), None)
     if big:
-        out += [f"### 10M rows (after; one round, the training split {big['training_split']})", "",
-                component_table([("1M", _size(after, 1_000_000)), ("10M", big)])]
+        size = _size(big, 10_000_000)
+        figures = [f"`{key}` {_cell(big.get(key))}" for key in
+                   (*(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m") if key in big]
+        out += [f"### 10M rows ({big.get('label') or 'run'} of {big['date']} UTC; one round, the training split "
+                f"{size['training_split']})", "", "; ".join(figures) + f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']}).",
+                "", component_table([("1M", _size(big, 1_000_000)), ("10M", size)])]
     return "\n".join(out)
 
 
