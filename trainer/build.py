@@ -19,7 +19,8 @@ from serving.signature_names import signature_name, signature_names_of
 from trainer import holdout, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
-from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
+from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
+                              resolve_image_shapes)
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
                             split_marked, training_stream)
@@ -281,6 +282,16 @@ def _cached(input_config, reads: int):
     return input_config if reads > 1 else input_config.model_copy(update={"cache": False})
 
 
+EVALUATION_ROWS = 8192  # rows per evaluation call when every column holds one value
+
+
+def _evaluation_batch(config: TrainerConfig, all_kinds: FeatureKinds) -> int:
+    """Rows per evaluation call: an evaluation keeps no activations for gradients, so with one
+    value per column (a table) it takes EVALUATION_ROWS at once, the same sums in a few dozen
+    calls instead of thousands; other inputs (images, lists) keep the training batch size."""
+    return max(config.batch_size, EVALUATION_ROWS) if all(is_scalar(kind) for kind in all_kinds.values()) else config.batch_size
+
+
 def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit, reads) -> dict:
     """The distributed training stream (resuming after `skip_batches`), the eval split, the
     validation rows (the eval split when none are held out) and a probe batch."""
@@ -291,15 +302,15 @@ def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern
                               rows=partial(holdout.training_rows, fraction=held_out) if held_out else None)
     custom = getattr(module, "train_step", None) is not None
     stepped, dataset, jit_on = _compile_strings_out(model, data["ctx"].kinds, dataset, config, jit and not custom)
-    evaluated = _cached(config.input, reads["evaluations"])
+    evaluated, batch = _cached(config.input, reads["evaluations"]), _evaluation_batch(config, all_kinds)
     # With rows held out, the eval split is read once, by the final evaluation.
-    eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, _cached(config.input, 1) if held_out else evaluated)
+    eval_data = make_dataset(eval_pattern, all_kinds, heads, batch, _cached(config.input, 1) if held_out else evaluated)
     if not held_out:
         selection_data = eval_data
     elif data["validation"] is not None:  # held in memory with the training rows
-        selection_data = columns_dataset(data["validation"], heads, config.batch_size, config.input)
+        selection_data = columns_dataset(data["validation"], heads, batch, config.input)
     else:
-        selection_data = make_dataset(train_pattern, all_kinds, heads, config.batch_size, evaluated,
+        selection_data = make_dataset(train_pattern, all_kinds, heads, batch, evaluated,
                                       rows=partial(holdout.validation_rows, fraction=held_out))
     return {"iterator": iter(strategy.experimental_distribute_dataset(dataset)), "stepped": stepped,
             "jit": jit_on or (jit and custom), "eval_data": eval_data, "selection_data": selection_data,
