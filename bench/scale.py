@@ -265,7 +265,7 @@ def training_split_log(root: Path) -> str:
     return "in memory" if "held in memory" in text else "unknown"
 
 
-def pipeline_round(rows: int, csv: Path, work: Path, name: str, env: dict) -> dict:
+def pipeline_round(csv: Path, work: Path, name: str, env: dict) -> dict:
     """The bare script, the lean script and `loopline run` (a fresh root), one after the other."""
     scripts = {script: _timed([sys.executable, "-m", f"bench.{module}", str(csv), str(work / f"{script}_{name}"),
                                str(BATCH_SIZE), str(EPOCHS)], work / f"{script}_{name}.log", env)
@@ -276,7 +276,7 @@ def pipeline_round(rows: int, csv: Path, work: Path, name: str, env: dict) -> di
                        "--set", f"pipeline.root={root}", "--set", f"data.path={csv}",
                        "--set", f"trainer.epochs={EPOCHS}", "--set", f"trainer.batch_size={BATCH_SIZE}"], log, env)
     windows = component_windows(root / "metadata.sqlite")
-    return {"root": root, "timed": {"pipeline": pipeline, **scripts},
+    return {"root": root,
             "figures": {
                 **{who: run.figures() for who, run in {"pipeline": pipeline, **scripts}.items()},
                 "pipeline_vs_script": _ratio(pipeline, scripts["script"], "seconds"),
@@ -295,7 +295,7 @@ def run_size(rows: int, work: Path) -> dict:
     make_data(rows, csv)
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     big = rows > BIG
-    rounds = [pipeline_round(rows, csv, work, f"{rows}_{i}", env) for i in range(1 if big else ROUNDS)]
+    rounds = [pipeline_round(csv, work, f"{rows}_{i}", env) for i in range(1 if big else ROUNDS)]
     figures = [r["figures"] for r in rounds]
     # The round whose pipeline CPU seconds are the median gives the per-component figures.
     middle = sorted(rounds, key=lambda r: r["figures"]["pipeline"]["cpu_seconds"])[len(rounds) // 2]
