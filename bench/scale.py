@@ -546,10 +546,11 @@ def markdown(runs: list[dict]) -> str:
     if big:
         size = _size(big, 10_000_000)
         figures = [f"`{key}` {_cell(big.get(key))}" for key in
-                   (*(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m") if key in big]
-        out += [f"### 10M rows ({big.get('label') or 'run'} of {big['date']} UTC; one round, the training split "
+                   (*(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m") if big.get(key) is not None]
+        one_m = _size(big, 1_000_000) or (_size(after, 1_000_000) if after else None)  # else the 1M run it was compared with
+        out += [f"### 10M rows ({big.get('label') or 'run'}, {big['date']} UTC; one round, the training split "
                 f"{size['training_split']})", "", "; ".join(figures) + f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']}).",
-                "", component_table([("1M", _size(big, 1_000_000)), ("10M", size)])]
+                "", component_table([("1M", one_m), ("10M", size)])]
     return "\n".join(out)
 
 
