@@ -1,12 +1,20 @@
-"""The pipeline at scale: `loopline run` against a bare training script (bench/scale_script.py) on
-the same penguins-like CSV (the bundled rows resampled with a little noise, seeded) at 100k and 1M
-rows (also 5M with SCALE_5M=1; SCALE_ROWS=2000,20000 picks other sizes, e.g. for a quick check),
-same model size, one epoch, batch 256; and the Arrow ExampleGen against the stock CsvExampleGen on
-the same file.
+"""The pipeline at scale: `loopline run` against two training scripts on the same penguins-like CSV
+(the bundled rows resampled with a little noise, seeded) at 100k and 1M rows (also 5M with
+SCALE_5M=1, 10M with SCALE_10M=1; SCALE_ROWS=2000,20000 picks other sizes, e.g. for a quick
+check), same model size, one epoch, batch 256: the bare script (bench/scale_script.py, the
+encoding inside the model) and the lean one (bench/scale_lean_script.py, pandas one-hot encoding
+outside it), both with the validation split loopline holds out. Also the Arrow ExampleGen against
+the stock CsvExampleGen on the same file.
 
-The script and `loopline run` each run in their own process, timed from start to exit (imports
-included on both sides). The pipeline process's memory (RSS, children included) is sampled every
-100 ms; a component's window is read from ML Metadata (execution created -> last updated).
+Each size runs ROUNDS interleaved rounds (script, lean script, pipeline; one round above BIG rows,
+without the stock ExampleGen and the seed runs); every process is timed from start to exit
+(imports included on all sides), in wall seconds and in CPU seconds of the process and its
+children (the kernel's accounting once it has exited). A ratio is the median of the rounds' own
+ratios: on a shared machine wall time swings with the other load, CPU time much less. The
+pipeline process's memory (RSS, children included) and CPU seconds are sampled every 100 ms; a
+component's window is read from ML Metadata (execution created -> last updated), and the time
+outside the components is split into start-up, between components and after the last.
+`python -m bench.scale --docs` writes the before/after tables into docs/pipeline-speed.md.
 
 Memory. A component's `memory_mb` is its peak RSS in its window minus the RSS at its start,
 floored at 0. In one process that figure can hide memory: a component may reuse what an earlier
@@ -26,22 +34,28 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE, EPOCHS = 256, 1
 MEMORY_FLOOR_MB = 32.0
+ROUNDS = 3  # interleaved script / lean script / pipeline rounds per size
+BIG = 5_000_000  # above: one round, no stock ExampleGen, no seed runs (they would take most of an hour)
 
 
 def sizes() -> list[int]:
     if os.environ.get("SCALE_ROWS"):
         return sorted(int(n) for n in os.environ["SCALE_ROWS"].split(","))
-    return [100_000, 1_000_000] + ([5_000_000] if os.environ.get("SCALE_5M") == "1" else [])
+    return [100_000, 1_000_000] + ([5_000_000] if os.environ.get("SCALE_5M") == "1" else []) \
+        + ([10_000_000] if os.environ.get("SCALE_10M") == "1" else [])
 
 
 def make_data(rows: int, path: Path, seed: int = 0) -> None:
@@ -62,12 +76,14 @@ def make_data(rows: int, path: Path, seed: int = 0) -> None:
 
 
 class RssSampler:
-    """Samples a process tree's resident memory every `interval` seconds until it exits."""
+    """Samples a process tree's resident memory and CPU seconds (user + system, children
+    included) every `interval` seconds until it exits."""
 
     def __init__(self, pid: int, interval: float = 0.1):
         import psutil
 
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, int]] = []  # (time, RSS bytes)
+        self.cpu: list[tuple[float, float]] = []  # (time, CPU seconds so far)
         self._process = psutil.Process(pid)
         self._interval = interval
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -78,27 +94,54 @@ class RssSampler:
 
         while True:
             try:
-                rss = self._process.memory_info().rss + sum(c.memory_info().rss for c in self._process.children(recursive=True))
+                tree = [self._process, *self._process.children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in tree)
+                times = [p.cpu_times() for p in tree]
             except psutil.Error:
                 return
-            self.samples.append((time.time(), rss))
+            now = time.time()
+            self.samples.append((now, rss))
+            self.cpu.append((now, sum(t.user + t.system for t in times)))
             time.sleep(self._interval)
 
     def join(self) -> None:
         self._thread.join(5)
 
 
-def _timed(args: list[str], log: Path, env: dict | None = None) -> tuple[float, RssSampler]:
-    started = time.perf_counter()
+@dataclass
+class Timed:
+    """One process timed from start to exit: wall seconds, CPU seconds (its own and its children's,
+    from the kernel's accounting once it has exited), peak RSS, and its samples."""
+
+    started: float  # time.time() at the start
+    seconds: float
+    cpu_seconds: float
+    sampler: RssSampler
+
+    @property
+    def peak_rss_mb(self) -> int:
+        return round(max((r for _, r in self.sampler.samples), default=0) / 2**20)
+
+    def figures(self) -> dict:
+        return {"seconds": round(self.seconds, 2), "cpu_seconds": round(self.cpu_seconds, 2), "peak_rss_mb": self.peak_rss_mb}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(args: list[str], log: Path, env: dict | None = None) -> Timed:
+    started, clock, cpu = time.time(), time.perf_counter(), _children_cpu()
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         sampler = RssSampler(proc.pid)
         code = proc.wait()
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - clock, _children_cpu() - cpu
     sampler.join()
     if code != 0:
         raise RuntimeError(f"{' '.join(args[:4])}... exited {code}; last lines:\n" + "".join(log.read_text().splitlines(True)[-20:]))
-    return seconds, sampler
+    return Timed(started, seconds, cpu_seconds, sampler)
 
 
 def component_windows(metadata: Path) -> dict[str, tuple[float, float]]:
@@ -118,16 +161,44 @@ def component_windows(metadata: Path) -> dict[str, tuple[float, float]]:
     return windows
 
 
-def component_figures(windows: dict[str, tuple[float, float]], samples: list[tuple[float, int]]) -> dict[str, dict]:
+def _at(series: list[tuple[float, float]], moment: float) -> float:
+    """A sampled series' last value at or before `moment` (its first value before any sample)."""
+    before = [value for t, value in series if t <= moment]
+    return before[-1] if before else (series[0][1] if series else 0.0)
+
+
+def component_figures(windows: dict[str, tuple[float, float]], samples: list[tuple[float, int]],
+                      cpu: list[tuple[float, float]] | None = None) -> dict[str, dict]:
     """Each component's seconds, its memory (peak RSS in its window minus the RSS at its start,
-    floored at 0) and the process's peak RSS in its window."""
+    floored at 0), the process's peak RSS in its window and, given the CPU samples, the CPU
+    seconds the process tree used in its window (to the 100 ms of the sampling)."""
     figures = {}
     for node, (start, end) in sorted(windows.items(), key=lambda kv: kv[1][0]):
         before = [rss for t, rss in samples if t <= start] or [samples[0][1]]
         during = [rss for t, rss in samples if start <= t <= end] or [before[-1]]
         figures[node] = {"seconds": round(end - start, 2), "memory_mb": round(max(0, max(during) - before[-1]) / 2**20, 1),
                          "peak_rss_mb": round(max(during) / 2**20)}
+        if cpu:
+            figures[node]["cpu_seconds"] = round(_at(cpu, end) - _at(cpu, start), 2)
     return figures
+
+
+def outside_components(run: Timed, windows: dict[str, tuple[float, float]]) -> dict[str, dict]:
+    """The pipeline process's time outside its components: from its start to the first
+    component's (imports, config, building and compiling the pipeline, ML Metadata's start),
+    between components (the orchestrator: ML Metadata, resolving inputs, launching), and from the
+    last component's end to the exit (the run summary, shutting down)."""
+    first, last = min(w[0] for w in windows.values()), max(w[1] for w in windows.values())
+    inside = sum(end - start for start, end in windows.values())
+    inside_cpu = sum(_at(run.sampler.cpu, end) - _at(run.sampler.cpu, start) for start, end in windows.values())
+    ended = run.started + run.seconds
+    start_cpu = _at(run.sampler.cpu, first)
+    between_cpu = _at(run.sampler.cpu, last) - start_cpu - inside_cpu
+    return {
+        "start-up": {"seconds": round(first - run.started, 2), "cpu_seconds": round(start_cpu, 2)},
+        "between components": {"seconds": round(last - first - inside, 2), "cpu_seconds": round(max(between_cpu, 0.0), 2)},
+        "after the last": {"seconds": round(ended - last, 2), "cpu_seconds": round(max(run.cpu_seconds - _at(run.sampler.cpu, last), 0.0), 2)},
+    }
 
 
 def memory_growth(small: float | None, large: float | None) -> float | None:
@@ -177,29 +248,85 @@ def _in_child(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def _ratio(pipeline: Timed, reference: Timed, key: str) -> float:
+    return round(getattr(pipeline, key) / getattr(reference, key), 2)
+
+
+def training_split_log(root: Path) -> str:
+    """How the Trainer read the training split, as its line in the run's log says: "streamed",
+    "in memory" or "unknown"."""
+    text = "".join(path.read_text() for path in root.glob("logs/*.log"))
+    if "training split streamed" in text:
+        return "streamed"
+    return "in memory" if "held in memory" in text else "unknown"
+
+
+def pipeline_round(csv: Path, work: Path, name: str, env: dict) -> dict:
+    """The bare script, the lean script and `loopline run` (a fresh root), one after the other."""
+    scripts = {script: _timed([sys.executable, "-m", f"bench.{module}", str(csv), str(work / f"{script}_{name}"),
+                               str(BATCH_SIZE), str(EPOCHS)], work / f"{script}_{name}.log", env)
+               for script, module in (("script", "scale_script"), ("lean_script", "scale_lean_script"))}
+    root = work / f"root_{name}"
+    log = work / f"pipeline_{name}.log"
+    pipeline = _timed([sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
+                       "--set", f"pipeline.root={root}", "--set", f"data.path={csv}",
+                       "--set", f"trainer.epochs={EPOCHS}", "--set", f"trainer.batch_size={BATCH_SIZE}"], log, env)
+    windows = component_windows(root / "metadata.sqlite")
+    return {"root": root,
+            "figures": {
+                **{who: run.figures() for who, run in {"pipeline": pipeline, **scripts}.items()},
+                "pipeline_vs_script": _ratio(pipeline, scripts["script"], "seconds"),
+                "pipeline_vs_script_cpu": _ratio(pipeline, scripts["script"], "cpu_seconds"),
+                "pipeline_vs_lean_script": _ratio(pipeline, scripts["lean_script"], "seconds"),
+                "pipeline_vs_lean_script_cpu": _ratio(pipeline, scripts["lean_script"], "cpu_seconds"),
+                "components": component_figures(windows, pipeline.sampler.samples, pipeline.sampler.cpu),
+                "outside_components": outside_components(pipeline, windows),
+                "training_split": training_split_log(root)}}
+
+
 def run_size(rows: int, work: Path) -> dict:
+    """ROUNDS interleaved rounds of the scripts and the pipeline (one above BIG, without the stock
+    ExampleGen and the seed runs); each ratio is the median of the rounds' own ratios."""
     csv = work / f"penguins_{rows}.csv"
     make_data(rows, csv)
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    script_s, _ = _timed([sys.executable, "-m", "bench.scale_script", str(csv), str(work / f"script_{rows}"),
-                          str(BATCH_SIZE), str(EPOCHS)], work / f"script_{rows}.log", env)
-    root = work / f"root_{rows}"
-    pipeline_s, sampler = _timed([sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-                                  "--set", f"pipeline.root={root}", "--set", f"data.path={csv}",
-                                  "--set", f"trainer.epochs={EPOCHS}", "--set", f"trainer.batch_size={BATCH_SIZE}"],
-                                 work / f"pipeline_{rows}.log", env)
-    components = component_figures(component_windows(root / "metadata.sqlite"), sampler.samples)
-    parity = tflite_parity(root)
-    seeds = tolerance_seeds(root, csv, env, work / f"seeds_{rows}.log") if rows == max(sizes()) else None
+    big = rows > BIG
+    rounds = [pipeline_round(csv, work, f"{rows}_{i}", env) for i in range(1 if big else ROUNDS)]
+    figures = [r["figures"] for r in rounds]
+    # The round whose pipeline CPU seconds are the median gives the per-component figures.
+    middle = sorted(rounds, key=lambda r: r["figures"]["pipeline"]["cpu_seconds"])[len(rounds) // 2]
+    root = middle["root"]
+    result = {"rows": rows, "rounds": figures,
+              **{f"{who}_{key}": _median([f[who][key] for f in figures])
+                 for who in ("script", "lean_script", "pipeline") for key in ("seconds", "cpu_seconds")},
+              **{key: _median([f[key] for f in figures]) for key in
+                 ("pipeline_vs_script", "pipeline_vs_script_cpu", "pipeline_vs_lean_script", "pipeline_vs_lean_script_cpu")},
+              "peak_rss_mb": max(f["pipeline"]["peak_rss_mb"] for f in figures),
+              "components": middle["figures"]["components"], "outside_components": middle["figures"]["outside_components"],
+              "training_split": middle["figures"]["training_split"], "tflite_parity": tflite_parity(root)}
+    seed_runs = os.environ.get("SCALE_SEED_RUNS", "1") != "0"
+    result["tflite_parity_by_seed"] = None if big or rows != seed_size() or not seed_runs else \
+        tolerance_seeds(root, csv, env, work / f"seeds_{rows}.log")
     train_split = sorted(root.glob("tfx/CsvExampleGen/examples/*/Split-train"))[-1]
-    statistics_alone = _in_child("statistics", str(train_split / "*"))
-    print(f"scale {rows:,} rows: pipeline {pipeline_s:.1f}s, script {script_s:.1f}s ({pipeline_s / script_s:.2f}x); "
-          + ", ".join(f"{k} {v['seconds']}s/{v['memory_mb']}MB" for k, v in components.items()), flush=True)
-    return {"rows": rows, "script_seconds": round(script_s, 1), "pipeline_seconds": round(pipeline_s, 1),
-            "pipeline_vs_script": round(pipeline_s / script_s, 2),
-            "peak_rss_mb": round(max(r for _, r in sampler.samples) / 2**20), "components": components,
-            "tflite_parity": parity, "tflite_parity_by_seed": seeds, "statistics_alone": statistics_alone,
-            "example_gen": example_gen_pair(csv, work / f"example_gen_{rows}")}
+    result["statistics_alone"] = _in_child("statistics", str(train_split / "*"))
+    result["example_gen"] = None if big else example_gen_pair(csv, work / f"example_gen_{rows}")
+    print(f"scale {rows:,} rows ({len(rounds)} rounds, medians): pipeline {result['pipeline_seconds']}s "
+          f"{result['pipeline_cpu_seconds']} CPU s, script {result['script_seconds']}s {result['script_cpu_seconds']} CPU s "
+          f"({result['pipeline_vs_script']}x, CPU {result['pipeline_vs_script_cpu']}x), lean script "
+          f"{result['lean_script_seconds']}s {result['lean_script_cpu_seconds']} CPU s ({result['pipeline_vs_lean_script']}x, "
+          f"CPU {result['pipeline_vs_lean_script_cpu']}x); "
+          + ", ".join(f"{k} {v['seconds']}s/{v['cpu_seconds']} CPU s/{v['memory_mb']}MB" for k, v in result["components"].items()),
+          flush=True)
+    return result
+
+
+def seed_size() -> int:
+    """The size the tolerance study's seed runs use: the largest up to BIG."""
+    return max([n for n in sizes() if n <= BIG], default=0)
 
 
 def _parity(report: Path) -> dict:
@@ -296,18 +423,40 @@ def _statistics_alone(pattern: str) -> dict:
     return {"seconds": round(seconds, 2), "cpu_seconds": memory.cpu_seconds, "memory_mb": memory.mb}
 
 
+RATIOS = ("pipeline_vs_script", "pipeline_vs_script_cpu", "pipeline_vs_lean_script", "pipeline_vs_lean_script_cpu")
+TARGETS = {"pipeline_vs_script_cpu_1m": "<= 1.5 (moonshot 1.2)", "pipeline_vs_lean_script_cpu_1m": "<= 2.5",
+           "peak_rss_10m_vs_1m": "<= 1.5, the training split streamed",
+           "example_gen_arrow_vs_stock_1m": ">= 10",
+           "memory_growth": "<= 1.25 for StatisticsGen and Evaluator, largest size over smallest"}
+
+
+def headline(results: list[dict]) -> dict:
+    """The ratios at 1M and 10M rows, the 10M run's peak RSS over the 1M run's, the ExampleGen pair."""
+    by_rows = {r["rows"]: r for r in results}
+    out = {}
+    for rows, suffix in ((1_000_000, "1m"), (10_000_000, "10m")):
+        if rows in by_rows:
+            out.update({f"{key}_{suffix}": by_rows[rows][key] for key in RATIOS})
+    if 10_000_000 in by_rows:
+        out["training_split_10m"] = by_rows[10_000_000]["training_split"]
+        if 1_000_000 in by_rows:
+            out["peak_rss_10m_vs_1m"] = round(by_rows[10_000_000]["peak_rss_mb"] / by_rows[1_000_000]["peak_rss_mb"], 2)
+    if by_rows.get(1_000_000, {}).get("example_gen"):
+        out["example_gen_arrow_vs_stock_1m"] = by_rows[1_000_000]["example_gen"]["arrow_vs_stock"]
+    return out
+
+
 def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="loopline-scale-") as tmp:
         results = [run_size(rows, Path(tmp)) for rows in sizes()]
     small, large = results[0], results[-1]
-    at_1m = next((r for r in results if r["rows"] == 1_000_000), large)
 
     def pipeline_memory(size: dict, node: str) -> float | None:
         return size["components"].get(node, {}).get("memory_mb")
 
     return {
-        "pipeline_vs_script_1m": at_1m["pipeline_vs_script"],
-        "example_gen_arrow_vs_stock_1m": at_1m["example_gen"]["arrow_vs_stock"],
+        **headline(results),
+        "label": os.environ.get("BENCH_LABEL", ""),
         "memory_growth": {
             "sizes": [small["rows"], large["rows"]],
             "floor_mb": MEMORY_FLOOR_MB,
@@ -315,13 +464,112 @@ def run() -> dict:
             "Evaluator": memory_growth(pipeline_memory(small, "Evaluator"), pipeline_memory(large, "Evaluator")),
             "StatisticsGen_alone": memory_growth(small["statistics_alone"]["memory_mb"], large["statistics_alone"]["memory_mb"]),
         },
-        "targets": {"pipeline_vs_script_1m": "<= 3 (moonshot 2)", "example_gen_arrow_vs_stock_1m": ">= 10",
-                    "memory_growth": "<= 1.25 for StatisticsGen and Evaluator, largest size over smallest"},
+        "targets": TARGETS,
         "sizes": results,
-        "settings": {"batch_size": BATCH_SIZE, "epochs": EPOCHS, "config": "loopline.yaml defaults otherwise"},
+        "settings": {"batch_size": BATCH_SIZE, "epochs": EPOCHS, "rounds": ROUNDS,
+                     "seed_runs": os.environ.get("SCALE_SEED_RUNS", "1") != "0",
+                     "config": "loopline.yaml defaults otherwise"},
     }
 
 
-if __name__ == "__main__":  # a child process: `python -m bench.scale example_gen KIND CSV OUT` or `statistics PATTERN`
+# ---- the docs tables ---------------------------------------------------------------------------
+
+RESULTS = REPO / "bench" / "results" / "scale.json"
+DOCS = REPO / "docs" / "pipeline-speed.md"
+DOCS_START, DOCS_END = "<!-- scale-tables:start -->", "<!-- scale-tables:end -->"
+
+
+def _size(run: dict, rows: int) -> dict | None:
+    return next((s for s in run.get("sizes", []) if s["rows"] == rows and "rounds" in s), None)
+
+
+def _pair(runs: list[dict]) -> tuple[dict | None, dict | None]:
+    """(before, after): the first run labelled "before" and the latest other run, among the runs
+    with CPU figures at 1M rows."""
+    measured = [r for r in runs if _size(r, 1_000_000)]
+    before = next((r for r in measured if r.get("label", "").startswith("before")), None)
+    after = next((r for r in reversed(measured) if r is not before), None)
+    return before, after
+
+
+def _cell(value) -> str:
+    return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def component_table(columns: list[tuple[str, dict | None]]) -> str:
+    """Seconds and CPU seconds of each part of `loopline run` (the round with the median CPU
+    seconds) beside the scripts' medians, one pair of columns per (label, size figures)."""
+    parts: list[str] = []
+    for _, size in columns:
+        outside = [*(size or {}).get("outside_components", {})]
+        for name in outside[:1] + [*(size or {}).get("components", {})] + outside[1:]:
+            if name not in parts:
+                parts.append(name)
+
+    def row(label: str, figures) -> str:
+        cells = [" | ".join(_cell(v) for v in figures(size)) if size else " | " for _, size in columns]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def part(size, name):
+        found = size.get("components", {}).get(name) or size.get("outside_components", {}).get(name) or {}
+        return found.get("seconds"), found.get("cpu_seconds")
+
+    lines = ["| part of `loopline run` | " + " | ".join(f"{label} s | {label} CPU s" for label, _ in columns) + " |",
+             "|---|" + "---|---|" * len(columns)]
+    lines += [row(name, lambda size, n=name: part(size, n)) for name in parts]
+    lines.append(row("**whole run (median of the rounds)**", lambda size: (size["pipeline_seconds"], size["pipeline_cpu_seconds"])))
+    for who, label in (("script", "bare script (`bench/scale_script.py`)"), ("lean_script", "lean script (`bench/scale_lean_script.py`)")):
+        lines.append(row(label, lambda size, w=who: (size[f"{w}_seconds"], size[f"{w}_cpu_seconds"])))
+    lines.append(row("peak RSS of `loopline run`, MB", lambda size: (size["peak_rss_mb"], None)))
+    return "\n".join(lines) + "\n"
+
+
+def ratio_table(before: dict | None, after: dict | None) -> str:
+    keys = [*(f"{key}_1m" for key in RATIOS), "example_gen_arrow_vs_stock_1m"]
+    lines = ["| figure | target | before | after |", "|---|---|---|---|"]
+    for key in keys:
+        if any(run and key in run for run in (before, after)):
+            lines.append(f"| `{key}` | {TARGETS.get(key, '')} | "
+                         + " | ".join(_cell(run.get(key)) if run else "" for run in (before, after)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(runs: list[dict]) -> str:
+    """The before/after tables at 1M rows and, from the latest run with 10M rows, its own table."""
+    before, after = _pair(runs)
+    dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in
+                      (("before", before), ("after", after)) if run)
+    out = [f"Runs shown: {dates}.", "", "### Ratios at 1M rows", "", ratio_table(before, after),
+           "### Where the time goes, 1M rows", "",
+           component_table([(label, _size(run, 1_000_000) if run else None) for label, run in (("before", before), ("after", after))])]
+    big = next((r for r in reversed(runs) if _size(r, 10_000_000)), None)
+    if big:
+        size = _size(big, 10_000_000)
+        figures = [f"`{key}` {_cell(big.get(key))}" for key in
+                   (*(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m") if big.get(key) is not None]
+        one_m = _size(big, 1_000_000) or (_size(after, 1_000_000) if after else None)  # else the 1M run it was compared with
+        out += [f"### 10M rows ({big.get('label') or 'run'}, {big['date']} UTC; one round, the training split "
+                f"{size['training_split']})", "", "; ".join(figures) + f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']}).",
+                "", component_table([("1M", one_m), ("10M", size)])]
+    return "\n".join(out)
+
+
+def read_runs(path: Path = RESULTS) -> list[dict]:
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def write_docs(page: Path = DOCS, runs: list[dict] | None = None) -> None:
+    """Replaces the page's generated section with `markdown` of the kept runs."""
+    text = page.read_text()
+    head, rest = text.split(DOCS_START, 1)
+    tail = rest.split(DOCS_END, 1)[1]
+    page.write_text(f"{head}{DOCS_START}\n{markdown(read_runs() if runs is None else runs).strip()}\n{DOCS_END}{tail}")
+
+
+if __name__ == "__main__":  # `python -m bench.scale --docs`; a child process: `example_gen KIND CSV OUT` or `statistics PATTERN`
+    if sys.argv[1:] == ["--docs"]:
+        write_docs()
+        print(f"wrote the tables of {RESULTS} into {DOCS}")
+        sys.exit(0)
     task = {"example_gen": _example_gen_alone, "statistics": _statistics_alone}[sys.argv[1]]
     print(json.dumps(task(*sys.argv[2:])))

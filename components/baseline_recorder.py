@@ -50,10 +50,10 @@ def BaselineRecorder(
 def _eval_predictions(saved_model_dir: str, eval_pattern: str):
     """Statistics of the pushed model's predictions on the eval split, called as the server calls it."""
     from serving.signature_call import signature_caller
-    from trainer.predicted import EVAL_PREDICTIONS, eval_predictions
+    from trainer.predicted import EVAL_PREDICTIONS, eval_prediction_batches
     from validation.statistics import ExampleStatistics
 
     summary = ExampleStatistics()
-    for example in eval_predictions(saved_model_dir, eval_pattern, signature_caller):
-        summary.add(example.SerializeToString())
+    for batch in eval_prediction_batches(saved_model_dir, eval_pattern, signature_caller):
+        summary.add_batch(batch)
     return summary.result(EVAL_PREDICTIONS)

@@ -41,3 +41,45 @@ def test_the_latest_export_report_is_the_highest_execution_id(tmp_path):
         folder.mkdir(parents=True)
         (folder / "export_report.json").write_text("{}")
     assert [p.parent.name for p in _reports(tmp_path)] == ["2", "9", "10"]
+
+
+def test_component_cpu_seconds_are_read_off_the_samples_in_its_window():
+    samples = [(0.0, 500 * MB), (1.0, 600 * MB), (2.0, 600 * MB), (3.0, 650 * MB)]
+    cpu = [(0.0, 1.0), (1.0, 2.5), (2.0, 4.0), (3.0, 4.2)]
+    figures = scale.component_figures({"Trainer": (1.0, 2.0), "Evaluator": (2.0, 3.0)}, samples, cpu)
+    assert figures["Trainer"]["cpu_seconds"] == 1.5
+    assert figures["Evaluator"]["cpu_seconds"] == 0.2
+
+
+def test_time_outside_the_components_is_start_up_gaps_and_exit():
+    from types import SimpleNamespace
+
+    sampler = SimpleNamespace(samples=[(100.0, MB)], cpu=[(100.0, 0.5), (103.0, 3.0), (104.0, 4.0), (105.0, 4.5),
+                                                           (106.0, 5.5), (108.0, 7.0)])
+    run = scale.Timed(started=100.0, seconds=10.0, cpu_seconds=9.0, sampler=sampler)
+    outside = scale.outside_components(run, {"A": (103.0, 104.0), "B": (105.0, 108.0)})
+    assert outside["start-up"] == {"seconds": 3.0, "cpu_seconds": 3.0}  # CPU from the process's start
+    assert outside["between components"] == {"seconds": 1.0, "cpu_seconds": 0.5}  # 104 -> 105
+    assert outside["after the last"] == {"seconds": 2.0, "cpu_seconds": 2.0}  # 9.0 in all, 7.0 by the last end
+
+
+def test_the_10m_figures_compare_with_the_1m_run_of_the_same_invocation():
+    def size(rows, rss, split):
+        return {"rows": rows, "peak_rss_mb": rss, "training_split": split, "example_gen": None,
+                **{key: 1.0 for key in scale.RATIOS}}
+
+    figures = scale.headline([size(1_000_000, 1500, "in memory"), size(10_000_000, 2100, "streamed")])
+    assert figures["peak_rss_10m_vs_1m"] == 1.4
+    assert figures["training_split_10m"] == "streamed"
+    assert {"pipeline_vs_script_cpu_1m", "pipeline_vs_lean_script_cpu_1m", "pipeline_vs_script_cpu_10m"} <= set(figures)
+
+
+def test_the_docs_show_the_tables_generated_from_the_results():
+    from tests.conftest import REPO
+
+    runs = scale.read_runs()
+    before, after = scale._pair(runs)
+    assert before is not None and after is not None, "bench/results/scale.json needs a run labelled before and one after"
+    page = (REPO / "docs" / "pipeline-speed.md").read_text()
+    shown = page.split(scale.DOCS_START, 1)[1].split(scale.DOCS_END, 1)[0].strip()
+    assert shown == scale.markdown(runs).strip(), "regenerate the tables: python -m bench.scale --docs"

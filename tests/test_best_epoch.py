@@ -147,6 +147,29 @@ def test_held_out_rows_are_never_trained_on_in_memory_or_streamed(tmp_path):
     assert (holdout.held_out(tf.constant(records[::-1]), 0.2).numpy() == held[::-1]).all()
 
 
+def test_one_read_in_memory_sorts_the_rows_as_the_streamed_reads_do(tmp_path):
+    """The split held in memory is read once, each record marked held out or not: the training
+    rows are those the training stream would pick, the validation rows come in the same batches,
+    in the same order, as when they are read from the records."""
+    from trainer.inputs import columns_dataset, make_dataset, split_marked
+
+    rows = 400
+    path = write_examples(tmp_path / "train.gz", {"x": np.arange(rows, dtype=np.float32),
+                                                  "target": np.arange(rows, dtype=np.float32)})
+    kinds = infer_feature_kinds(path)
+    heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(path, kinds), kinds))]
+    config = TrainerConfig().input
+    marked = load_in_memory(path, kinds, config, 8, mark=lambda s: holdout.held_out(s, 0.2))
+    training, validation = split_marked(marked)
+    alone = load_in_memory(path, kinds, config, 8, rows=lambda s: holdout.training_rows(s, 0.2))
+    assert training["target"].numpy().tolist() == alone["target"].numpy().tolist()
+    held = list(columns_dataset(validation, heads, 8, config))
+    read = list(make_dataset(path, kinds, heads, 8, config, rows=lambda s: holdout.validation_rows(s, 0.2)))
+    assert 50 < sum(len(t["target"]) for _, t in held) < 110
+    assert [t["target"].numpy().tolist() for _, t in held] == [t["target"].numpy().tolist() for _, t in read]
+    assert [f["x"].numpy().tolist() for f, _ in held] == [f["x"].numpy().tolist() for f, _ in read]
+
+
 def test_under_50_held_out_rows_the_eval_split_selects_with_one_log_line(tmp_path, caplog):
     splits = regression_splits(tmp_path, rows=160)  # ~32 held out
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):

@@ -101,6 +101,29 @@ def test_every_api_reads_back_as_the_same_examples_and_predictions(servable, exp
     assert set(logged_predictions(answered(servable, raw), model)) == {"species", "body_mass_g"}
 
 
+def test_predictions_as_columns_give_the_statistics_of_predictions_as_examples():
+    """The baseline's eval predictions are summarized from columns, served ones from examples:
+    the two must give the same statistics, or monitor would see drift that is not there."""
+    from trainer.heads import CLASSIFICATION, REGRESSION, Head
+    from trainer.predicted import predicted_columns, predicted_examples
+    from validation.statistics import ExampleStatistics
+
+    heads = [Head("species", CLASSIFICATION, vocabulary=SPECIES), Head("body_mass_g", REGRESSION, mean=4000.0, std=800.0)]
+    rng = np.random.default_rng(0)
+    predicted = {"species": rng.dirichlet(np.ones(3), 500).astype(np.float32),
+                 "body_mass_g": rng.normal(4000, 800, (500, 1)).astype(np.float32)}
+    # The same batches on both sides: a sketch's merges depend on where the batches start.
+    as_examples, as_columns = ExampleStatistics(batch_size=250), ExampleStatistics()
+    for example in predicted_examples(predicted, heads):
+        as_examples.add(example.SerializeToString())
+    for start in (0, 250):
+        as_columns.add_batch(predicted_columns({k: v[start:start + 250] for k, v in predicted.items()}, heads))
+    expected, got = as_examples.result("eval_predictions"), as_columns.result("eval_predictions")
+    assert {f.name or f.path.step[0] for f in got.features} == {"species", "body_mass_g"}
+    assert got.num_examples == 500
+    assert got == expected
+
+
 def test_raw_inputs_read_missing_values_as_training_does(servable, export):
     raw = predict_pb2.PredictRequest()
     raw.model_spec.name, raw.model_spec.signature_name = "penguins", "predict_raw"
@@ -155,7 +178,7 @@ def write_root(root: str, export, servable, served: list) -> None:
     from serving.request_log_config import RequestLogConfig, request_log_dir, write_request_log_file
     from serving.signature_call import signature_caller
     from tracking.remote_files import copy_tree
-    from trainer.predicted import EVAL_PREDICTIONS, eval_predictions
+    from trainer.predicted import EVAL_PREDICTIONS, eval_prediction_batches
     from validation.baseline import write_baseline
     from validation.config import ValidationConfig
     from validation.schema import infer_schema
@@ -176,8 +199,8 @@ def write_root(root: str, export, servable, served: list) -> None:
                 for e in examples:
                     writer.write(e.SerializeToString())
     predicted = ExampleStatistics()
-    for e in eval_predictions(f"{root}/serving/penguins/1", f"{root}/eval/data.gz", signature_caller):
-        predicted.add(e.SerializeToString())
+    for batch in eval_prediction_batches(f"{root}/serving/penguins/1", f"{root}/eval/data.gz", signature_caller):
+        predicted.add_batch(batch)
     splits[EVAL_PREDICTIONS] = predicted.result(EVAL_PREDICTIONS)
     write_baseline(f"{root}/baseline/penguins", infer_schema(splits["train"], ValidationConfig()), splits,
                    {"pushed_version": "1"})

@@ -91,3 +91,24 @@ def test_a_module_that_fails_to_load_fails_again_on_the_next_load(tmp_path):
     for _ in range(2):
         with pytest.raises(ValueError, match="module code failed"):
             load_module(str(module))
+
+
+def test_a_tflite_conversion_sets_objects_aside_and_leaves_a_callers_so():
+    """The converter's full gc.collect() scans only the conversion's objects; objects a caller
+    set aside (`loopline run` after its imports) stay aside after a conversion."""
+    import gc
+
+    from trainer.tflite import _collector_sees_new_objects_only
+
+    assert gc.get_freeze_count() == 0
+    with _collector_sees_new_objects_only():
+        assert gc.get_freeze_count() > 0  # what was alive is out of the collector's sight
+    assert gc.get_freeze_count() == 0  # and back after
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _collector_sees_new_objects_only():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

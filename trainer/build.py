@@ -19,9 +19,11 @@ from serving.signature_names import signature_name, signature_names_of
 from trainer import holdout, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
-from trainer.features import FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, resolve_image_shapes
+from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
+                              resolve_image_shapes)
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import column_batches, count_rows, load_in_memory, make_dataset, parsed_batches, training_stream
+from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
+                            split_marked, training_stream)
 from trainer.model import (
     ModelContext,
     build_models,
@@ -145,7 +147,7 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     )
     start_step = checkpoints.start(config.resume, step_var)  # restores the variables above
     inputs = _datasets(config, module, strategy, model, data, train_pattern, eval_pattern,
-                       int(batches_var.numpy()), speed.jit_compile)
+                       int(batches_var.numpy()), speed.jit_compile, _reads(config, steps_per_epoch, total_steps))
     if config.unroll_steps > 1 and not (replicas == 1 and not custom):
         log.warning("trainer.unroll_steps=%d applies on one replica without a train_step override; running "
                     "one step per call", config.unroll_steps)
@@ -169,16 +171,19 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> 
         if name not in all_kinds:
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
     metric, patience = _selection_settings(config, module, labels, label)
-    held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
+    fraction = config.validation_fraction if metric is not None else 0.0
+    # A split that fits in memory is parsed once: the hold-out's count, the statistics, the
+    # training stream and the validation rows share it.
+    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction)
+    if held_out is None:  # not decided there (streamed: the held-out rows are counted in a pass of their own)
+        held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
     rows = partial(holdout.training_rows, fraction=held_out) if held_out else None
-    # A split that fits in memory is parsed once: the statistics and the training stream share it.
-    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, rows)
     label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
     batches = column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds, rows=rows)
     stats = compute_stats(batches, all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
-    return {"all_kinds": all_kinds, "module": module, "columns": columns, "stats": stats, "heads": heads,
+    return {"all_kinds": all_kinds, "module": module, "columns": columns, "validation": validation, "stats": stats, "heads": heads,
             "ctx": ModelContext(inputs, stats, heads), "metric": metric, "patience": patience, "held_out": held_out}
 
 
@@ -191,10 +196,34 @@ def _selection_settings(config: TrainerConfig, module, labels: list[str], label:
     return (metric if config.restore_best or patience is not None else None), patience
 
 
+def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKinds, fraction: float):
+    """(training columns, validation columns, fraction held out) when the train split is held in
+    memory, its held-out rows sorted out in the same read; the columns None when it is streamed,
+    the fraction None when nothing was to be held out or the split is streamed."""
+    mark = partial(holdout.held_out, fraction=fraction) if fraction else None
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, mark=mark)
+    if columns is None or mark is None:
+        return columns, None, None
+    training, validation = split_marked(columns)
+    held_out = _held_out(config, int(tf.shape(next(iter(validation.values())))[0]))
+    if not held_out:
+        return {k: v for k, v in columns.items() if k != MARKED}, None, 0.0
+    if int(tf.shape(next(iter(training.values())))[0]) < config.batch_size:
+        log.info("training split streamed from its records (fewer rows than one batch once %d are held out)",
+                 int(tf.shape(next(iter(validation.values())))[0]))
+        return None, None, held_out
+    return training, validation, held_out
+
+
 def _held_out_fraction(config: TrainerConfig, train_pattern: str) -> float:
     """trainer.validation_fraction when it holds out enough rows (holdout.MIN_ROWS), else 0 (logged)."""
     fraction = config.validation_fraction
-    held = count_rows(train_pattern, partial(holdout.validation_rows, fraction=fraction)) if fraction else 0
+    return _held_out(config, count_rows(train_pattern, partial(holdout.validation_rows, fraction=fraction)) if fraction else 0)
+
+
+def _held_out(config: TrainerConfig, held: int) -> float:
+    """trainer.validation_fraction when `held` rows are enough (holdout.MIN_ROWS), else 0 (logged)."""
+    fraction = config.validation_fraction
     if not holdout.enough(held, fraction):
         log.info("validation: %s; the eval split picks the weights to export and stops early",
                  f"trainer.validation_fraction={fraction:g} holds out {held} rows of the train split, under "
@@ -241,22 +270,50 @@ def _module_optimizers(module, ctx, schedule, models, config) -> dict:
                                        ema=name == exported) for name, opt in optimizers.items()}
 
 
-def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit) -> dict:
+def _reads(config: TrainerConfig, steps_per_epoch: int, total_steps: int) -> dict[str, int]:
+    """How often each split is read: the training records (passes), the selection split
+    (evaluations: every eval_every_steps, and at the end)."""
+    eval_every = config.eval_every_steps or steps_per_epoch
+    return {"train": -(-total_steps // steps_per_epoch), "evaluations": -(-total_steps // eval_every)}
+
+
+def _cached(input_config, reads: int):
+    """The input settings for records read `reads` times: caching what is read once only costs memory."""
+    return input_config if reads > 1 else input_config.model_copy(update={"cache": False})
+
+
+EVALUATION_ROWS = 8192  # rows per evaluation call when every column holds one value
+
+
+def _evaluation_batch(config: TrainerConfig, all_kinds: FeatureKinds) -> int:
+    """Rows per evaluation call: an evaluation keeps no activations for gradients, so with one
+    value per column (a table) it takes EVALUATION_ROWS at once, the same sums in a few dozen
+    calls instead of thousands; other inputs (images, lists) keep the training batch size."""
+    return max(config.batch_size, EVALUATION_ROWS) if all(is_scalar(kind) for kind in all_kinds.values()) else config.batch_size
+
+
+def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit, reads) -> dict:
     """The distributed training stream (resuming after `skip_batches`), the eval split, the
     validation rows (the eval split when none are held out) and a probe batch."""
     all_kinds, heads, held_out = data["all_kinds"], data["heads"], data["held_out"]
-    dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, config.input, config.seed,
-                              skip_batches=skip_batches, columns=data["columns"],
+    dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, _cached(config.input, reads["train"]),
+                              config.seed, skip_batches=skip_batches, columns=data["columns"],
                               augment=getattr(module, "augment", None),
                               rows=partial(holdout.training_rows, fraction=held_out) if held_out else None)
     custom = getattr(module, "train_step", None) is not None
     stepped, dataset, jit_on = _compile_strings_out(model, data["ctx"].kinds, dataset, config, jit and not custom)
-    eval_data = make_dataset(eval_pattern, all_kinds, heads, config.batch_size, config.input)
-    validation = partial(holdout.validation_rows, fraction=held_out)
+    evaluated, batch = _cached(config.input, reads["evaluations"]), _evaluation_batch(config, all_kinds)
+    # With rows held out, the eval split is read once, by the final evaluation.
+    eval_data = make_dataset(eval_pattern, all_kinds, heads, batch, _cached(config.input, 1) if held_out else evaluated)
+    if not held_out:
+        selection_data = eval_data
+    elif data["validation"] is not None:  # held in memory with the training rows
+        selection_data = columns_dataset(data["validation"], heads, batch, config.input)
+    else:
+        selection_data = make_dataset(train_pattern, all_kinds, heads, batch, evaluated,
+                                      rows=partial(holdout.validation_rows, fraction=held_out))
     return {"iterator": iter(strategy.experimental_distribute_dataset(dataset)), "stepped": stepped,
-            "jit": jit_on or (jit and custom), "eval_data": eval_data,
-            "selection_data": make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input,
-                                           rows=validation) if held_out else eval_data,
+            "jit": jit_on or (jit and custom), "eval_data": eval_data, "selection_data": selection_data,
             "probe_batch": next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))}
 
 

@@ -63,13 +63,22 @@ def _picked(serialized: tf.Tensor, rows: Rows) -> tf.Tensor:
     return serialized if rows is None else rows(serialized)
 
 
-def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows: Rows = None) -> dict[str, tf.Tensor] | None:
+MARKED = "__marked__"  # parsed_columns' column of `mark`'s answers (not a feature: no signature name has underscores at both ends)
+
+
+def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows: Rows = None,
+                   mark: Rows = None) -> dict[str, tf.Tensor] | None:
     """The whole split (its `rows`) parsed, every column (labels included) a `[rows, ...]` tensor
     keyed by its signature name, or None when they would take more than `max_bytes` (or the split
-    is empty)."""
+    is empty). `mark`: a bool per record of a batch of serialized records (e.g. trainer.holdout's
+    held_out), kept as the column MARKED, so one read both parses and sorts the records."""
+    def parse(serialized):
+        serialized = _picked(serialized, rows)
+        parsed = parse_examples(serialized, kinds)
+        return parsed if mark is None else {**parsed, MARKED: mark(serialized)}
+
     chunks, size = [], 0
-    chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: parse_examples(_picked(s, rows), kinds),
-                                                                   num_parallel_calls=tf.data.AUTOTUNE)
+    chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     for parsed in chunks_parsed.prefetch(1):
         for column in parsed.values():
             size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
@@ -82,19 +91,27 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows:
     return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
 
 
+def split_marked(columns: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    """parsed_columns' rows `mark` did not pick and the rows it picked, each in the split's order."""
+    marked = columns[MARKED]
+    rest = {k: v for k, v in columns.items() if k != MARKED}
+    return ({k: tf.boolean_mask(v, tf.logical_not(marked)) for k, v in rest.items()},
+            {k: tf.boolean_mask(v, marked) for k, v in rest.items()})
+
+
 def _rows(columns) -> int:
     """Rows of held columns (any nest of `[rows, ...]` tensors)."""
     return int(tf.shape(tf.nest.flatten(columns)[0])[0])
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
-                   rows: Rows = None) -> dict[str, tf.Tensor] | None:
-    """The training split (its `rows`) parsed once (`parsed_columns`) when it fits
+                   rows: Rows = None, mark: Rows = None) -> dict[str, tf.Tensor] | None:
+    """The training split (its `rows`) parsed once (`parsed_columns`, with `mark`) when it fits
     `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
-    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20, rows)
+    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20, rows, mark)
     count = _rows(columns) if columns is not None else 0
     if count >= batch_size:
         log.info("training split parsed once and held in memory (%d rows)", count)
@@ -102,6 +119,20 @@ def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, 
     log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
              else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
     return None
+
+
+def columns_dataset(columns: dict[str, tf.Tensor], heads: list[Head], batch_size: int, config: InputConfig) -> tf.data.Dataset:
+    """One pass over held columns in the order they hold, as `make_dataset` reads the same rows
+    from their records: `(features, targets)` batches of `batch_size`, the last one shorter."""
+    labels = {head.name for head in heads}
+
+    def batch(start):
+        rows = {name: column[start:start + batch_size] for name, column in columns.items()}
+        return ({k: v for k, v in rows.items() if k not in labels},
+                {head.name: head.encode_label(rows[head.name]) for head in heads})
+
+    starts = tf.data.Dataset.range(0, _rows(columns), batch_size)
+    return _finish(starts.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True), config)
 
 
 def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _CHUNK):

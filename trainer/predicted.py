@@ -5,6 +5,7 @@ what it predicted on the eval split when it was pushed (recorded in its baseline
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 from tensorflow.core.example import example_pb2
 
 from serving import signature_names as names
@@ -31,14 +32,32 @@ def predicted_examples(predicted: dict[str, np.ndarray], heads: list[Head]) -> l
     return out
 
 
-def eval_predictions(saved_model_dir: str, eval_pattern: str, open_signature: OpenSignature,
-                     batch_size: int = 4096):
-    """The exported model's predictions on the eval split, as predicted_examples, streamed in
-    batches through its tf.Example signature (`predict`), the way the Evaluator calls it."""
+def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head]) -> pa.RecordBatch:
+    """The same rows as `predicted_examples`, as tfx-bsl's decoder lays out their serialized form
+    (one list column per label column, one value per row), built without a proto per row."""
+    columns = {}
+    for head in heads:
+        if head.name not in predicted:
+            continue
+        values = np.asarray(predicted[head.name])
+        rows = len(values)
+        if head.kind == CLASSIFICATION:
+            names = np.array([v.encode() for v in head.vocabulary], dtype=object)
+            flat = pa.array(names[np.argmax(values.reshape(rows, -1), axis=1)], pa.large_binary())
+        else:
+            flat = pa.array(values.reshape(rows, -1)[:, 0].astype(np.float32), pa.float32())
+        columns[head.label_column] = pa.LargeListArray.from_arrays(pa.array(np.arange(rows + 1), pa.int64()), flat)
+    return pa.RecordBatch.from_pydict(dict(sorted(columns.items())))
+
+
+def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signature: OpenSignature,
+                            batch_size: int = 4096):
+    """The exported model's predictions on the eval split, as predicted_columns batches, streamed
+    through its tf.Example signature (`predict`), the way the Evaluator calls it."""
     description = read_description(saved_model_dir)
     heads = [Head.from_json(h) for h in description["heads"]]
     signature, keys = evaluation_signature(description.get("layout", 1), heads)
     with open_signature(saved_model_dir, signature) as call:
         for batch in record_dataset(eval_pattern).batch(batch_size).prefetch(1).as_numpy_iterator():
             outputs = call({names.INPUTS: batch})
-            yield from predicted_examples({h.name: outputs[keys[h.name]].reshape(len(batch), -1) for h in heads}, heads)
+            yield predicted_columns({h.name: outputs[keys[h.name]].reshape(len(batch), -1) for h in heads}, heads)

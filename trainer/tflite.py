@@ -7,8 +7,10 @@ not frozen, read back as garbage through READ_VARIABLE) as well as too lossy qua
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -76,7 +78,26 @@ def convert(saved_model_dir: str, variant: str, representative: dict[str, np.nda
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     else:
         raise ValueError(f"unknown TFLite variant {variant!r}")
-    return converter.convert()
+    with _collector_sees_new_objects_only():
+        return converter.convert()
+
+
+@contextmanager
+def _collector_sees_new_objects_only():
+    """The converter runs a full gc.collect() on each conversion; in a pipeline's process (TF,
+    TFX, Beam and MLflow loaded) scanning every object alive costs seconds. The objects alive
+    before the conversion are set aside meanwhile (gc.freeze), so it scans only the
+    conversion's own, which are the ones it means to free. Where the caller has set objects
+    aside already (`loopline run` does, after its imports), that stays as it is: unfreezing
+    would give the caller's back to the collector."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def as_numpy_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

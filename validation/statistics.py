@@ -228,6 +228,11 @@ def summarize(records: list[bytes], decoder=None) -> tuple[int, dict[str, Featur
         batch = decoder.DecodeBatch(records)
     except RuntimeError as exc:  # e.g. one feature stored as int64 in some examples, float in others
         raise ValueError(f"examples disagree on a feature's type: {exc}") from None
+    return summarize_batch(batch)
+
+
+def summarize_batch(batch: pa.RecordBatch) -> tuple[int, dict[str, FeatureSummary]]:
+    """(examples, {feature: FeatureSummary}) of a batch in the decoder's layout (a list column per feature)."""
     features = {}
     for name, array in zip(batch.schema.names, batch.columns):
         features[name] = FeatureSummary()
@@ -378,6 +383,11 @@ class ExampleStatistics:
         self._batch.append(serialized)
         if len(self._batch) >= self._batch_size:
             self._flush()
+
+    def add_batch(self, batch: pa.RecordBatch) -> None:
+        """A batch already in the decoder's layout (e.g. a model's predictions, built as columns)."""
+        self._flush()
+        self._merged = merge_summaries([self._merged, summarize_batch(batch)])
 
     def _flush(self) -> None:
         if not self._batch:
