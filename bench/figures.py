@@ -27,13 +27,16 @@ LIKE_FOR_LIKE, CONTEXT = "like-for-like", "context"
 class Figure:
     what: str  # the row's words
     file: str  # bench/results/<file>.json
-    key: str  # dotted key into one run; `[i]` picks a list item (`sizes[-1]`: the largest size)
+    key: str  # dotted key into one run; `[i]` picks a list item, `[rows=1000000]` the item whose rows is 1000000
     fmt: str = "{:.2f}x"  # how the value is written
     target: str = ""  # "<op> <number>" (>=, <=, >, <), judged on each run; "" when there is none
     table: str | None = LIKE_FOR_LIKE  # LIKE_FOR_LIKE, CONTEXT (not like for like, kept for context) or None
     since_run: int = 1  # the range covers runs from this one (1-based): earlier runs measured another thing
     readme: bool = False  # also one line in the README (one headline figure per benchmark)
+    runs_with: str = ""  # only the runs holding this key count (e.g. the runs that measured that size)
 
+
+ONE_M, HUNDRED_K = "sizes[rows=1000000]", "sizes[rows=100000]"  # the scale bench's sizes, by their rows
 
 FIGURES = [
     Figure("loop with loopline's default settings vs `model.fit()` with Keras defaults, examples/s", "train",
@@ -59,37 +62,54 @@ FIGURES = [
     Figure("TFLite float32 weight bytes vs the SavedModel's", "tflite", "models.tflite_float32.weight_bytes_vs_saved_model"),
     Figure("TFLite float16 weight bytes vs the SavedModel's", "tflite", "models.tflite_float16.weight_bytes_vs_saved_model"),
     Figure("TFLite int8 weight bytes vs the SavedModel's", "tflite", "models.tflite_int8.weight_bytes_vs_saved_model"),
-    Figure("`loopline run` vs a bare script (pandas -> `fit` -> `export`), 1M rows, 1 epoch, wall", "scale",
-           "pipeline_vs_script_1m", target="<= 3", since_run=2, readme=True),
-    Figure("`loopline run`, 1M rows, wall", "scale", "sizes[-1].pipeline_seconds", "{:.1f} s", since_run=2),
-    Figure("the bare script, 1M rows, wall (the other side)", "scale", "sizes[-1].script_seconds", "{:.1f} s", since_run=2),
-    Figure("`loopline run` vs the bare script, 100k rows, wall", "scale", "sizes[0].pipeline_vs_script", since_run=2),
+    Figure("`loopline run` vs a bare script (pandas -> `fit` -> `export`), 1M rows, 1 epoch, CPU seconds (process and "
+           "children), median of 3 interleaved rounds", "scale", "pipeline_vs_script_cpu_1m", target="<= 1.5", readme=True,
+           runs_with=ONE_M),
+    Figure("`loopline run` vs a lean script (pandas one-hot outside the model -> `fit` -> `export`), 1M rows, CPU seconds, "
+           "median of 3 interleaved rounds", "scale", "pipeline_vs_lean_script_cpu_1m", target="<= 2.5",
+           runs_with=ONE_M),
+    Figure("`loopline run` vs the bare script, 1M rows, wall", "scale", "pipeline_vs_script_1m", target="<= 3",
+           since_run=2, runs_with=ONE_M),
+    Figure("`loopline run` vs the lean script, 1M rows, wall", "scale", "pipeline_vs_lean_script_1m", runs_with=ONE_M),
+    Figure("`loopline run`, 1M rows, wall", "scale", f"{ONE_M}.pipeline_seconds", "{:.1f} s", since_run=2,
+           runs_with=ONE_M),
+    Figure("the bare script, 1M rows, wall (the other side)", "scale", f"{ONE_M}.script_seconds", "{:.1f} s",
+           since_run=2, runs_with=ONE_M),
+    Figure("`loopline run` vs the bare script, 100k rows, wall", "scale", f"{HUNDRED_K}.pipeline_vs_script", since_run=2,
+           runs_with=HUNDRED_K),
+    Figure("10M rows: peak RSS over the 1M run's, the training split streamed", "scale", "peak_rss_10m_vs_1m",
+           target="<= 1.5", runs_with="peak_rss_10m_vs_1m"),
+    Figure("10M rows: `loopline run` vs the lean script, CPU seconds (one round; the bare script did not finish)", "scale",
+           "pipeline_vs_lean_script_cpu_10m", runs_with="pipeline_vs_lean_script_cpu_10m"),
     Figure("Arrow ExampleGen vs stock CsvExampleGen, 1M rows, each in a fresh process, wall", "scale",
-           "example_gen_arrow_vs_stock_1m", "{:.1f}x", target=">= 10", since_run=2),
-    Figure("Arrow ExampleGen, 1M rows, wall", "scale", "sizes[-1].example_gen.arrow_seconds", "{:.2f} s", since_run=2),
-    Figure("stock CsvExampleGen, 1M rows, wall (the other side)", "scale", "sizes[-1].example_gen.stock_seconds",
-           "{:.1f} s", since_run=2),
+           "example_gen_arrow_vs_stock_1m", "{:.1f}x", target=">= 10", since_run=2, runs_with=ONE_M),
+    Figure("Arrow ExampleGen, 1M rows, wall", "scale", f"{ONE_M}.example_gen.arrow_seconds", "{:.2f} s", since_run=2,
+           runs_with=ONE_M),
+    Figure("stock CsvExampleGen, 1M rows, wall (the other side)", "scale", f"{ONE_M}.example_gen.stock_seconds",
+           "{:.1f} s", since_run=2, runs_with=ONE_M),
     Figure("Arrow ExampleGen vs stock CsvExampleGen, 1M rows, CPU seconds", "scale",
-           "sizes[-1].example_gen.arrow_vs_stock_cpu", "{:.1f}x", since_run=2),
-    Figure("ExampleGen (Arrow) memory over its start, 100k rows", "scale", "sizes[0].example_gen.arrow_memory_mb",
-           "{:.0f} MB", since_run=2),
-    Figure("ExampleGen (Arrow) memory over its start, 1M rows", "scale", "sizes[-1].example_gen.arrow_memory_mb",
-           "{:.0f} MB", since_run=2),
+           f"{ONE_M}.example_gen.arrow_vs_stock_cpu", "{:.1f}x", since_run=2, runs_with=ONE_M),
+    Figure("ExampleGen (Arrow) memory over its start, 100k rows", "scale", f"{HUNDRED_K}.example_gen.arrow_memory_mb",
+           "{:.0f} MB", since_run=2, runs_with=HUNDRED_K),
+    Figure("ExampleGen (Arrow) memory over its start, 1M rows", "scale", f"{ONE_M}.example_gen.arrow_memory_mb",
+           "{:.0f} MB", since_run=2, runs_with=ONE_M),
     Figure("stock CsvExampleGen memory over its start, 1M rows (the other side)", "scale",
-           "sizes[-1].example_gen.stock_memory_mb", "{:.0f} MB", since_run=2),
-    Figure("Evaluator in `loopline run`, 1M rows, seconds", "scale", "sizes[-1].components.Evaluator.seconds",
-           "{:.2f} s", since_run=2),
-    Figure("Evaluator memory over its start, 1M rows", "scale", "sizes[-1].components.Evaluator.memory_mb", "+{:.1f} MB",
-           since_run=2),
-    Figure("Evaluator memory, 1M rows over 100k (32 MB floor)", "scale", "memory_growth.Evaluator", target="<= 1.25"),
+           f"{ONE_M}.example_gen.stock_memory_mb", "{:.0f} MB", since_run=2, runs_with=ONE_M),
+    Figure("Evaluator in `loopline run`, 1M rows, seconds", "scale", f"{ONE_M}.components.Evaluator.seconds",
+           "{:.2f} s", since_run=2, runs_with=ONE_M),
+    Figure("Evaluator memory over its start, 1M rows", "scale", f"{ONE_M}.components.Evaluator.memory_mb",
+           "+{:.1f} MB", since_run=2, runs_with=ONE_M),
+    # Growth needs both sizes: only the runs that measured 100k rows too.
+    Figure("Evaluator memory, 1M rows over 100k (32 MB floor)", "scale", "memory_growth.Evaluator", target="<= 1.25",
+           runs_with=HUNDRED_K),
     Figure("StatisticsGen memory, 1M rows over 100k (32 MB floor)", "scale", "memory_growth.StatisticsGen",
-           target="<= 1.25"),
+           target="<= 1.25", runs_with=HUNDRED_K),
     Figure("StatisticsGen alone in a fresh process, memory 1M rows over 100k", "scale",
-           "memory_growth.StatisticsGen_alone", target="<= 1.25"),
-    Figure("StatisticsGen alone in a fresh process, memory, 100k rows", "scale", "sizes[0].statistics_alone.memory_mb",
-           "{:.1f} MB"),
-    Figure("StatisticsGen alone in a fresh process, memory, 1M rows", "scale", "sizes[-1].statistics_alone.memory_mb",
-           "{:.1f} MB"),
+           "memory_growth.StatisticsGen_alone", target="<= 1.25", runs_with=HUNDRED_K),
+    Figure("StatisticsGen alone in a fresh process, memory, 100k rows", "scale",
+           f"{HUNDRED_K}.statistics_alone.memory_mb", "{:.1f} MB", runs_with=HUNDRED_K),
+    Figure("StatisticsGen alone in a fresh process, memory, 1M rows", "scale", f"{ONE_M}.statistics_alone.memory_mb",
+           "{:.1f} MB", runs_with=ONE_M),
     Figure("gRPC server vs `mlflow models serve`, 16 clients, req/s", "serving", "ratio_vs_mlflow_c16", "{:.1f}x",
            table=CONTEXT),
     Figure("gRPC server's p50 over an eager `tf.saved_model.load(...).signatures[...]` call, 1 client", "serving",
@@ -113,15 +133,21 @@ def read_runs(name: str, results: Path = RESULTS) -> list[dict]:
 
 
 def value(run: dict, key: str):
-    """The figure at `key` in one run (None when absent): report's dotted lookup, plus `[i]` list items."""
-    match = re.fullmatch(r"([^\[]*)\[(-?\d+)\]\.?(.*)", key)
+    """The figure at `key` in one run (None when absent): report's dotted lookup, plus list items by
+    index (`[i]`) or by a field's value (`[rows=1000000]`)."""
+    match = re.fullmatch(r"([^\[]*)\[([^\]]+)\]\.?(.*)", key)
     if not match:
         return _figure(run, key)
-    head, index, rest = match.groups()
+    head, selector, rest = match.groups()
     items = _figure(run, head)
-    if not isinstance(items, list) or not -len(items) <= int(index) < len(items):
+    if not isinstance(items, list):
         return None
-    return value(items[int(index)], rest) if rest else items[int(index)]
+    field, _, wanted = selector.rpartition("=")
+    if field:
+        item = next((i for i in items if isinstance(i, dict) and str(i.get(field)) == wanted), None)
+    else:
+        item = items[int(selector)] if -len(items) <= int(selector) < len(items) else None
+    return value(item, rest) if rest and item is not None else item
 
 
 def met(target: str, figure: float) -> bool:
@@ -136,11 +162,13 @@ class MissingFigure(ValueError):
 def measured(fig: Figure, results: Path = RESULTS) -> tuple[float, list[float]]:
     """The latest run's value and the values of every run from `since_run` on that has the figure.
     A figure the latest run lacks is an error naming the file and key (a page never shows a stale one)."""
-    runs = read_runs(fig.file, results)
-    latest = value(runs[-1], fig.key)
+    runs = [r for r in read_runs(fig.file, results)[fig.since_run - 1:]
+            if not fig.runs_with or value(r, fig.runs_with) is not None]
+    latest = value(runs[-1], fig.key) if runs else None
     if not isinstance(latest, (int, float)) or isinstance(latest, bool):
-        raise MissingFigure(f"bench/results/{fig.file}.json: the latest run has no number at '{fig.key}'")
-    seen = [value(r, fig.key) for r in runs[fig.since_run - 1:]]
+        which = f"the latest run holding '{fig.runs_with}'" if fig.runs_with else "the latest run"
+        raise MissingFigure(f"bench/results/{fig.file}.json: {which} has no number at '{fig.key}'")
+    seen = [value(r, fig.key) for r in runs]
     return latest, [v for v in seen if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 

@@ -47,3 +47,13 @@ def test_list_items_and_a_missing_figure(tmp_path):
     with pytest.raises(figures.MissingFigure, match=r"demo.json: the latest run has no number at 'sizes\[2\].x'"):
         figures.measured(Figure("", "demo", "sizes[2].x"), results)
 
+
+
+def test_items_by_a_field_and_only_the_runs_holding_a_key(tmp_path):
+    """A run that measured other sizes (a 10M-only run) neither hides nor fakes the 1M figure."""
+    one_m = {"sizes": [{"rows": 100, "x": 1.0}, {"rows": 1000, "x": 2.0}]}
+    results = _results(tmp_path, [one_m, {"sizes": [{"rows": 1000, "x": 3.0}]}, {"sizes": [{"rows": 10000, "x": 9.0}]}])
+    assert figures.measured(Figure("", "demo", "sizes[rows=1000].x", runs_with="sizes[rows=1000]"), results) == (3.0, [2.0, 3.0])
+    assert figures.measured(Figure("", "demo", "sizes[rows=100].x", runs_with="sizes[rows=100]"), results) == (1.0, [1.0])
+    with pytest.raises(figures.MissingFigure, match=r"the latest run has no number at 'sizes\[rows=1000\].x'"):
+        figures.measured(Figure("", "demo", "sizes[rows=1000].x"), results)
