@@ -1,0 +1,53 @@
+"""A Keras model's floating-point operations per example, counted from its layers (what
+`trainer.jit_compile: auto` weighs on CPU, and what the train bench sets against the machine).
+
+Only `Dense` layers are counted: 2 * in * out per example (a multiply and an add per weight), times
+the positions it is applied at when its input has more than one axis after the batch (a Dense on
+`[batch, steps, in]` runs once per step). Biases, activations, normalisation, the encoder's
+one-hot and scaling, losses and the optimizer's update are left out: for an MLP they are a few
+per cent of the matmuls at most. Layers that hold weights but are not Dense (Conv, Embedding,
+EinsumDense, attention...) are not counted either; they are named in `uncounted`, so a figure
+built on the count says what it misses. Training is counted as 3x forward: for each Dense, the
+forward matmul, the gradient of its kernel (x^T dy) and of its input (dy W^T), each as costly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+TRAINING_FACTOR = 3
+
+
+@dataclass
+class FlopCount:
+    forward: int  # per example
+    dense_shapes: list[tuple[int, int, int]] = field(default_factory=list)  # (positions, in, out) per Dense
+    uncounted: list[str] = field(default_factory=list)  # "name (Class)" of layers with weights, not Dense
+
+    @property
+    def training(self) -> int:
+        return TRAINING_FACTOR * self.forward
+
+
+def _layers(model):
+    """Every leaf layer, nested models (a Functional model used as a layer) opened."""
+    for layer in model.layers:
+        if hasattr(layer, "layers") and layer.layers:
+            yield from _layers(layer)
+        else:
+            yield layer
+
+
+def count_flops(model) -> FlopCount:
+    import keras
+
+    count = FlopCount(0)
+    for layer in _layers(model):
+        if isinstance(layer, keras.layers.Dense):
+            fan_in, fan_out = layer.kernel.shape
+            positions = prod(d for d in layer.input.shape[1:-1]) if len(layer.input.shape) > 2 else 1
+            count.dense_shapes.append((positions, int(fan_in), int(fan_out)))
+            count.forward += 2 * positions * int(fan_in) * int(fan_out)
+        elif layer.weights:
+            count.uncounted.append(f"{layer.name} ({type(layer).__name__})")
+    return count
