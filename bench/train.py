@@ -26,6 +26,7 @@ PENGUINS_MODULE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 PENGUINS_CSV = os.path.join(os.path.dirname(PENGUINS_MODULE), "..", "..", "data", "penguins.csv")
 WIDE_STEPS, WIDE_WARM_STEPS = 160, 32  # the wide MLP's run: its rate over steps 33-160
 PEAK_SECONDS = 1.0  # each matmul-peak measurement
+MATMUL_UNROLL = 8  # rounds of a model's matmuls per compiled call, in the XLA measurement
 
 WIDE_MODULE = '''
 import keras
@@ -132,11 +133,13 @@ def _write_penguins(folder: str, rows: int) -> tuple[str, str]:
 
 
 def matmul_rate(shapes, batch: int, jit: bool, seconds: float = PEAK_SECONDS) -> tuple[float, float]:
-    """FLOPs per second and per CPU-second of this process, of the matmuls one training step of these Dense shapes runs ((positions, in, out) per
-    layer, as bench.flops counts them): the forward x W, the kernel's gradient x^T dy and the
-    input's dy W^T, looped in one tf.function (XLA when `jit`) in this process's thread pools, as
-    the loop runs them. Each iteration scales the inputs by a value that changes with the loop
-    counter, so no compiler can hoist a matmul out of the loop."""
+    """FLOPs per second and per CPU-second of this process, of the matmuls one training step of
+    these Dense shapes runs ((positions, in, out) per layer, as trainer.flops counts them): the
+    forward x W, the kernel's gradient x^T dy and the input's dy W^T, in this process's thread
+    pools, as the loop runs them. TensorFlow's own kernels: looped in one tf.function. XLA:
+    MATMUL_UNROLL rounds in one compiled call, called from Python as the loop calls its compiled
+    step (inside a while loop XLA runs them on one thread). Each round scales the inputs by a
+    value that changes with it, so no compiler can hoist a matmul out of the loop."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
@@ -147,24 +150,37 @@ def matmul_rate(shapes, batch: int, jit: bool, seconds: float = PEAK_SECONDS) ->
                               for shape in ((rows, fan_in), (fan_in, fan_out), (rows, fan_out))))
         flops += 3 * 2 * rows * fan_in * fan_out
 
-    @tf.function(jit_compile=jit)
-    def loop(n, operands):
+    def round_(scale, operands):
+        total = tf.constant(0.0)
+        for x, w, dy in operands:
+            x, dy = x * scale, dy * scale
+            total += (tf.reduce_sum(tf.matmul(x, w)) + tf.reduce_sum(tf.matmul(x, dy, transpose_a=True))
+                      + tf.reduce_sum(tf.matmul(dy, w, transpose_b=True)))
+        return total
+
+    @tf.function
+    def looped(n, operands):
         total = tf.constant(0.0)
         for i in tf.range(n):
-            scale = 1.0 + tf.cast(i, tf.float32) * 1e-7
-            for x, w, dy in operands:
-                x, dy = x * scale, dy * scale
-                total += (tf.reduce_sum(tf.matmul(x, w)) + tf.reduce_sum(tf.matmul(x, dy, transpose_a=True))
-                          + tf.reduce_sum(tf.matmul(dy, w, transpose_b=True)))
+            total += round_(1.0 + tf.cast(i, tf.float32) * 1e-7, operands)
         return total
+
+    @tf.function(jit_compile=True)
+    def unrolled(start, operands):
+        return tf.add_n([round_(start + i * 1e-7, operands) for i in range(MATMUL_UNROLL)])
 
     def timed(n: int) -> tuple[float, float]:
         started, cpu = time.perf_counter(), time.process_time()
-        loop(tf.constant(n), operands).numpy()
+        if jit:
+            for call in range(max(n // MATMUL_UNROLL, 1)):
+                unrolled(tf.constant(1.0 + call * 1e-5), operands).numpy()
+        else:
+            looped(tf.constant(n), operands).numpy()
         return time.perf_counter() - started, time.process_time() - cpu
 
-    timed(2)  # traces and compiles
-    n = max(2, int(seconds / max(timed(2)[0] / 2, 1e-6)))
+    timed(MATMUL_UNROLL)  # traces and compiles
+    n = max(MATMUL_UNROLL, int(seconds / max(timed(MATMUL_UNROLL)[0] / MATMUL_UNROLL, 1e-6)))
+    n -= n % MATMUL_UNROLL
     wall, cpu = timed(n)
     return n * flops / wall, n * flops / cpu
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+import keras
+
 TRAINING_FACTOR = 3
 
 
@@ -38,14 +40,22 @@ def _layers(model):
             yield layer
 
 
-def count_flops(model) -> FlopCount:
-    import keras
+def _positions(layer) -> int:
+    """How many times per example a Dense runs: the input's axes between batch and features (1 for
+    a layer with no single known input, e.g. one shared between calls)."""
+    try:
+        shape = layer.input.shape
+    except (AttributeError, ValueError):
+        return 1
+    return int(prod(d or 1 for d in shape[1:-1])) if len(shape) > 2 else 1
 
+
+def count_flops(model: keras.Model) -> FlopCount:
     count = FlopCount(0)
     for layer in _layers(model):
         if isinstance(layer, keras.layers.Dense):
             fan_in, fan_out = layer.kernel.shape
-            positions = prod(d for d in layer.input.shape[1:-1]) if len(layer.input.shape) > 2 else 1
+            positions = _positions(layer)
             count.dense_shapes.append((positions, int(fan_in), int(fan_out)))
             count.forward += 2 * positions * int(fan_in) * int(fan_out)
         elif layer.weights:
