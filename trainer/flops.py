@@ -6,8 +6,9 @@ the positions it is applied at when its input has more than one axis after the b
 `[batch, steps, in]` runs once per step). Biases, activations, normalisation, the encoder's
 one-hot and scaling, losses and the optimizer's update are left out: for an MLP they are a few
 per cent of the matmuls at most. Layers that hold weights but are not Dense (Conv, Embedding,
-EinsumDense, attention...) are not counted either; they are named in `uncounted`, so a figure
-built on the count says what it misses. Training is counted as 3x forward: for each Dense, the
+EinsumDense, attention...) are not counted either, nor layers not built yet (a subclassed model
+before its first call); they are named in `uncounted`, so a figure built on the count says what
+it misses. Training is counted as 3x forward: for each Dense, the
 forward matmul, the gradient of its kernel (x^T dy) and of its input (dy W^T), each as costly.
 """
 from __future__ import annotations
@@ -53,11 +54,11 @@ def _positions(layer) -> int:
 def count_flops(model: keras.Model) -> FlopCount:
     count = FlopCount(0)
     for layer in _layers(model):
-        if isinstance(layer, keras.layers.Dense):
+        if isinstance(layer, keras.layers.Dense) and layer.built:
             fan_in, fan_out = layer.kernel.shape
             positions = _positions(layer)
             count.dense_shapes.append((positions, int(fan_in), int(fan_out)))
             count.forward += 2 * positions * int(fan_in) * int(fan_out)
-        elif layer.weights:
+        elif not layer.built or layer.weights:  # a layer not built yet has no shapes to count
             count.uncounted.append(f"{layer.name} ({type(layer).__name__})")
     return count
