@@ -383,13 +383,17 @@ def against_floor(serving_root: Path) -> dict:
     """Our gRPC server against the no-model server, at 1 and 16 clients, same settings (both pinned
     to SERVER_CPU, 32 gRPC workers), alternating FLOOR_ROUNDS times: per round, our p50 over the
     floor's at 1 client and our req/s over the floor's at 16; the medians of the rounds."""
+    from serving.config import ServingConfig
+
     rounds = []
     for _ in range(FLOOR_ROUNDS):
         ours_now, floor_now = ours(serving_root), grpc_floor()
         rounds.append({"loopline_grpc": ours_now, "grpc_floor": floor_now,
                        "p50_over_floor_ms_c1": round(ours_now["c1"]["p50_ms"] - floor_now["c1"]["p50_ms"], 3),
                        "req_per_s_fraction_c16": round(ours_now["c16"]["req_per_s"] / floor_now["c16"]["req_per_s"], 3)})
-    return {"rounds": rounds, **floor_medians(rounds)}
+    settings = (f"both pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads, the stock grpcio "
+                "sync server; ours also: " + ", ".join(SERVER_SETTINGS[1:]))
+    return {"rounds": rounds, **floor_medians(rounds), "settings": settings}
 
 
 def floor_medians(rounds: list[dict]) -> dict:
