@@ -8,7 +8,7 @@ rates over the last epoch: the first, which compiles and fills caches, is left o
 
 Then the loop against this machine's own limit (`loop_fraction_of_matmul_peak`): the dense float32
 matmul throughput at each model's own shapes, in this process with the training's thread pools,
-against the training FLOPs the loop achieves (bench/flops.py counts them from the model's layers),
+against the training FLOPs the loop achieves (trainer/flops.py counts them from the model's layers),
 for the penguins model on generated rows and for a wide MLP where the matmuls dominate.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ import numpy as np
 
 ROWS, FEATURES, BATCH, EPOCHS, STEPS_PER_LOOP, UNROLL, REPEATS = 200_000, 16, 256, 2, 32, 8, 3
 
-PENGUINS_MODULE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "penguins", "model.py")
-PENGUINS_CSV = os.path.join(os.path.dirname(PENGUINS_MODULE), "..", "..", "data", "penguins.csv")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PENGUINS_MODULE = os.path.join(REPO, "examples", "penguins", "model.py")
+PENGUINS_CSV = os.path.join(REPO, "data", "penguins.csv")
 WIDE_STEPS, WIDE_WARM_STEPS = 160, 32  # the wide MLP's run: its rate over steps 33-160
 PEAK_SECONDS = 1.0  # each matmul-peak measurement
 MATMUL_UNROLL = 8  # rounds of a model's matmuls per compiled call, in the XLA measurement
@@ -241,8 +242,8 @@ def loop_against_machine(folder: str, synthetic: tuple[str, str]) -> dict:
     from trainer.config import TrainerConfig
 
     # Tuned: each model's best settings found here. The small model is bound by per-op costs: XLA,
-    # unrolled. The wide one by its matmuls, which TensorFlow's own (oneDNN) kernels run ~3x faster
-    # than XLA's on this CPU (the `*_matmul_peak` figures): no XLA, and so nothing to unroll.
+    # unrolled. The wide one by its matmuls, which XLA runs on fewer threads than TensorFlow's own
+    # (oneDNN) kernels (`*_xla_matmul_gflops` vs `*_matmul_peak_gflops`): no XLA, nothing to unroll.
     tuned_small = {"jit_compile": True, "steps_per_loop": STEPS_PER_LOOP, "unroll_steps": UNROLL}
     tuned_wide = {"jit_compile": False, "steps_per_loop": STEPS_PER_LOOP, "unroll_steps": 1}
     # Only what the bench must set: its model, data size and batch; no summaries, no hold-out (the
