@@ -36,10 +36,10 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     if shape_proto.unknown_rank:
         raise invalid(f"input '{name}': tensor_shape has unknown rank")
     shape = [d.size for d in shape_proto.dim]
+    if shape and min(shape) < 0:
+        raise invalid(f"input '{name}': negative dimension in shape {shape}")
     count = 1
     for s in shape:  # stops at the limit: a proto may claim very many huge dimensions
-        if s < 0:
-            raise invalid(f"input '{name}': negative dimension in shape {shape}")
         count *= s
         if count > max_elements:
             raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
@@ -66,7 +66,7 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     if field == "half_val":  # float16 bit patterns stored in int32s
         array = np.array(values, dtype=np.uint16).view(np.float16)
     else:
-        array = np.fromiter(values, np_dtype, len(values))
+        array = np.array(values, dtype=np_dtype)
     if array.size == count:
         return array.reshape(shape)
     if array.size == 1:
