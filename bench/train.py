@@ -139,7 +139,7 @@ def matmul_rate(shapes, batch: int, jit: bool, seconds: float = PEAK_SECONDS) ->
     forward x W, the kernel's gradient x^T dy and the input's dy W^T, in this process's thread
     pools, as the loop runs them. TensorFlow's own kernels: looped in one tf.function. XLA:
     MATMUL_UNROLL rounds in one compiled call, called from Python as the loop calls its compiled
-    step (inside a while loop XLA runs them on one thread). Each round scales the inputs by a
+    step (inside a while loop XLA's matmuls measured 3-10x slower here). Each round scales the inputs by a
     value that changes with it, so no compiler can hoist a matmul out of the loop."""
     import tensorflow as tf
 
@@ -242,8 +242,8 @@ def loop_against_machine(folder: str, synthetic: tuple[str, str]) -> dict:
     from trainer.config import TrainerConfig
 
     # Tuned: each model's best settings found here. The small model is bound by per-op costs: XLA,
-    # unrolled. The wide one by its matmuls, which XLA runs on fewer threads than TensorFlow's own
-    # (oneDNN) kernels (`*_xla_matmul_gflops` vs `*_matmul_peak_gflops`): no XLA, nothing to unroll.
+    # unrolled. The wide one by its matmuls: its step without XLA kept both cores busier (the same
+    # FLOPs per CPU-second, more per second), and so had nothing to unroll.
     tuned_small = {"jit_compile": True, "steps_per_loop": STEPS_PER_LOOP, "unroll_steps": UNROLL}
     tuned_wide = {"jit_compile": False, "steps_per_loop": STEPS_PER_LOOP, "unroll_steps": 1}
     # Only what the bench must set: its model, data size and batch; no summaries, no hold-out (the

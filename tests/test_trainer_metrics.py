@@ -88,7 +88,7 @@ def test_speed_auto_picks_the_fast_settings_where_safe():
     assert resolve_speed(TrainerConfig(debug=True), 1, False, False, 100) == Speed(False, 1)
     assert resolve_speed(TrainerConfig(deterministic=True), 1, False, False, 100) == Speed(False, 32)  # no deterministic XLA MaxPoolGrad
     # On CPU, a step whose Dense layers take XLA_CPU_MAX_DENSE_FLOPS or more runs without XLA
-    # (TensorFlow's oneDNN matmuls are faster there); below it, or with oneDNN off, XLA stays on.
+    # (it trained faster there); below it, or with oneDNN off (not measured: the old rule), XLA stays on.
     assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(False, 32)
     assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS - 1) == Speed(True, 32)
     assert resolve_speed(TrainerConfig(jit_compile=True), 1, False, False, 100,
@@ -136,7 +136,7 @@ def test_auto_xla_is_off_on_cpu_for_a_step_of_large_matmuls(tmp_path, caplog, mo
     taken = re.search(r"XLA off \(on CPU the step's Dense layers take ([\d.]+) GFLOP", caplog.text)
     assert taken and 4.5 < float(taken.group(1)) < 5.0  # 3 x 2 x 256 x (in x 1024 + 3 x 1024 x 1024 + ...)
     assert "speed: jit_compile=False (auto)" in caplog.text
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # without oneDNN, TensorFlow's matmuls have no such edge
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN off: the rule does not apply
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
         train(config, *splits, "target")

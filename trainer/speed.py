@@ -11,11 +11,12 @@ from trainer.config import AUTO_STEPS_PER_LOOP, TrainerConfig
 
 log = logging.getLogger("loopline.trainer")
 
-# On CPU, XLA runs a step's matmuls on fewer threads than TensorFlow's own (oneDNN) kernels, so a
-# step whose matmuls dominate runs faster without it; a step of many small ops runs faster with it
-# (it fuses them into few calls). Measured on 2 cores, MLPs at batch 256, steps_per_loop 32: XLA
-# ~1.5x faster at 0.03 GFLOP of Dense layers per step, even from 0.1 to 1.7 GFLOP, ~30% slower
-# at 4.9 GFLOP (the train bench's wide MLP). "auto" turns XLA off from this many (trainer.flops).
+# On CPU, a step whose matmuls dominate ran faster without XLA: the train bench's 4 x 1024 MLP
+# (4.9 GFLOP of Dense layers per step at batch 256) did ~26% more examples per second, with the
+# same FLOPs per CPU-second (XLA's step kept the two cores less busy). A step of many small ops
+# runs faster with XLA (it fuses them into few calls): ~1.5x at 0.03 GFLOP per step (the
+# 16-128-128 MLP); from 0.1 to 1.7 GFLOP the two were even. "auto" turns XLA off on CPU from
+# this many FLOPs per step in Dense layers (trainer.flops), with oneDNN on (TensorFlow's default).
 XLA_CPU_MAX_DENSE_FLOPS = 10**9
 
 
@@ -34,8 +35,8 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_d
     """Why XLA would not be safe, or not faster, here (empty: it is both)."""
     reasons = []
     if cpu_dense_flops is not None and cpu_dense_flops >= XLA_CPU_MAX_DENSE_FLOPS and onednn_on():
-        reasons.append(f"on CPU the step's Dense layers take {cpu_dense_flops / 1e9:.2g} GFLOP, which TensorFlow's "
-                       "oneDNN matmuls run faster than XLA's (trainer.jit_compile=true forces it)")
+        reasons.append(f"on CPU the step's Dense layers take {cpu_dense_flops / 1e9:.2g} GFLOP, where TensorFlow's "
+                       "own oneDNN kernels train faster (trainer.jit_compile=true forces XLA)")
     if replicas > 1:
         reasons.append(f"{replicas} replicas (the step all-reduces inside the compiled function)")
     if config.debug:
