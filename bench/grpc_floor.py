@@ -2,7 +2,8 @@
 cost of the gRPC round trip alone (stock Python server and client on this machine), so the serving
 benchmark can split our overhead into transport and handler.
 
-    python -m bench.grpc_floor PORT [CPU]   (CPU: pin the process to it, as the bench pins ours)
+    python -m bench.grpc_floor PORT [CPU [WORKERS]]   (CPU: pin the process to it, as the bench pins
+    ours; WORKERS: gRPC worker threads, 32 by default, serving.grpc_workers' default)
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ class EmptyPredictions(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
 
-def main(port: int) -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+def main(port: int, workers: int = 32) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(EmptyPredictions(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
@@ -33,4 +34,4 @@ def main(port: int) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2:
         os.sched_setaffinity(0, {int(sys.argv[2])})
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), *(int(a) for a in sys.argv[3:4]))

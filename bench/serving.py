@@ -359,17 +359,49 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def grpc_floor() -> dict:
-    """The same clients against a server that runs no model (bench/grpc_floor.py), at 1 client."""
+def grpc_floor(concurrency=CONCURRENCY) -> dict:
+    """The same clients against a server that runs no model (bench/grpc_floor.py), pinned to the
+    same core as ours, with the same number of gRPC worker threads."""
+    from serving.config import ServingConfig
+
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port), str(SERVER_CPU)], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port), str(SERVER_CPU),
+                             str(ServingConfig().grpc_workers)], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         if "serving" not in proc.stdout.readline():
             raise RuntimeError("bench.grpc_floor did not start")
-        return grpc_clients(port, concurrency=(1,))
+        return grpc_clients(port, concurrency=concurrency)
     finally:
         stop(proc)
+
+
+FLOOR_ROUNDS = 3
+
+
+def against_floor(serving_root: Path) -> dict:
+    """Our gRPC server against the no-model server, at 1 and 16 clients, same settings (both pinned
+    to SERVER_CPU, 32 gRPC workers), alternating FLOOR_ROUNDS times: per round, our p50 over the
+    floor's at 1 client and our req/s over the floor's at 16; the medians of the rounds."""
+    from serving.config import ServingConfig
+
+    rounds = []
+    for _ in range(FLOOR_ROUNDS):
+        ours_now, floor_now = ours(serving_root), grpc_floor()
+        rounds.append({"loopline_grpc": ours_now, "grpc_floor": floor_now,
+                       "p50_over_floor_ms_c1": round(ours_now["c1"]["p50_ms"] - floor_now["c1"]["p50_ms"], 3),
+                       "req_per_s_fraction_c16": round(ours_now["c16"]["req_per_s"] / floor_now["c16"]["req_per_s"], 3)})
+    settings = (f"both pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads, the stock grpcio "
+                "sync server; ours also: " + ", ".join(SERVER_SETTINGS[1:]))
+    return {"rounds": rounds, **floor_medians(rounds), "settings": settings}
+
+
+def floor_medians(rounds: list[dict]) -> dict:
+    """The headline figures: the median over the rounds of each round's difference and ratio."""
+    return {"p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
+            "req_per_s_fraction_of_floor_c16": round(float(np.median([r["req_per_s_fraction_c16"] for r in rounds])), 3),
+            "floor_req_per_s_c16": round(float(np.median([r["grpc_floor"]["c16"]["req_per_s"] for r in rounds])), 1),
+            "floor_p50_ms_c1": round(float(np.median([r["grpc_floor"]["c1"]["p50_ms"] for r in rounds])), 3)}
 
 
 def registered_model(saved_model: Path, folder: Path) -> str:
@@ -436,12 +468,15 @@ def run() -> dict:
         saved_model = export_model(serving_root / "penguins" / "1")
         write_serving_configs(str(serving_root), ServingConfig())
         results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
-                   "loopline_grpc": ours(serving_root), "grpc_floor": grpc_floor(),
+                   "vs_grpc_floor": against_floor(serving_root),
                    "loopline_rest": ours(serving_root, settings=REST_SETTINGS, api="rest"),
                    "mlflow_rest": mlflow_serve(registered_model(saved_model, work)),
                    "request_logging": request_logging(serving_root, work), "infer": batch_inference(work)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    # The first round's points stand for the server and the floor in the figures below.
+    results["loopline_grpc"] = results["vs_grpc_floor"]["rounds"][0]["loopline_grpc"]
+    results["grpc_floor"] = results["vs_grpc_floor"]["rounds"][0]["grpc_floor"]
     results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
     results["ratio_vs_mlflow_c1"] = round(results["loopline_grpc"]["c1"]["req_per_s"] / results["mlflow_rest"]["c1"]["req_per_s"], 2)
     results["p50_overhead_ms_c1"] = round(results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
@@ -456,7 +491,8 @@ def run() -> dict:
                           "rest_ratio_vs_mlflow_c16": ">= 3", "loopline_rest.c1.p50_ms": "<= 2",
                           "request_logging.cost_at_1": "< 0.10", "request_logging.cpu_cost_at_1": "< 0.10",
                           "request_logging.cpu_cost_at_1_from_parts": "< 0.10",
-                          "infer_vs_grpc_c16": ">= 5"}
+                          "infer_vs_grpc_c16": ">= 5", "vs_grpc_floor.p50_over_floor_ms_c1": "<= 0.05",
+                          "vs_grpc_floor.req_per_s_fraction_of_floor_c16": ">= 0.7"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
     results["loopline_settings"] = {"grpc": SERVER_SETTINGS, "rest": REST_SETTINGS}
     results["runs"] = previous_runs() + [{
@@ -466,13 +502,18 @@ def run() -> dict:
         "ratio_vs_mlflow_c16": results["ratio_vs_mlflow_c16"], "rest_ratio_vs_mlflow_c16": results["rest_ratio_vs_mlflow_c16"],
         "request_logging": {k: v for k, v in results["request_logging"].items() if not isinstance(v, dict)}
         | {f"{k}_req_per_s": v["req_per_s"] for k, v in results["request_logging"].items() if isinstance(v, dict)},
-        "infer_examples_per_s": results["infer"]["examples_per_s"], "infer_vs_grpc_c16": results["infer_vs_grpc_c16"]}]
+        "infer_examples_per_s": results["infer"]["examples_per_s"], "infer_vs_grpc_c16": results["infer_vs_grpc_c16"],
+        "vs_grpc_floor": {k: v for k, v in results["vs_grpc_floor"].items() if k != "rounds"}}]
     for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "loopline_rest", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
                 continue
             r = results[name][f"c{c}"]
             print(f"  {name:18s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
+    floor = results["vs_grpc_floor"]
+    print(f"  vs the no-model gRPC server (median of {FLOOR_ROUNDS} rounds): p50 +{floor['p50_over_floor_ms_c1']} ms at "
+          f"1 client, {floor['req_per_s_fraction_of_floor_c16']:.1%} of its req/s at 16 "
+          f"({floor['floor_req_per_s_c16']} req/s)")
     logging = results["request_logging"]
     print(f"  request logging at 16 clients: {logging['sampling_0']['req_per_s']} req/s off, "
           f"{logging['sampling_0.1']['req_per_s']} at 0.1 (cost {logging['cost_at_0.1']:.1%}), "

@@ -67,13 +67,15 @@ class Servable:
                     lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
                     batching.num_batch_threads, batching.max_enqueued_batches)
         self._in_flight = 0
-        self._idle = threading.Condition()
+        self._lock = threading.Lock()  # its C context manager: cheaper per request than a Condition's
+        self._idle = threading.Condition(self._lock)
+        self._idle_waiters = 0  # wait_idle calls waiting: a request wakes them only when there are any
 
     # In-flight accounting: the manager unloads a version only once its requests have finished.
     # `acquire()` counts a request in (the manager does it while resolving the model spec);
     # leaving the `with` block counts it out.
     def acquire(self) -> "Servable":
-        with self._idle:
+        with self._lock:
             self._in_flight += 1
         return self
 
@@ -81,14 +83,18 @@ class Servable:
         return self
 
     def __exit__(self, *exc):
-        with self._idle:
+        with self._lock:
             self._in_flight -= 1
-            if self._in_flight == 0:
+            if self._in_flight == 0 and self._idle_waiters:
                 self._idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+        with self._lock:
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     def unload(self) -> None:
         self._callers.close()  # also empties self._functions, the same dict

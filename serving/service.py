@@ -39,8 +39,8 @@ def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, m
     value -> array, for protos) their values, the output filter, the call."""
     signature = rules.predict_signature(servable.signature_defs, signature_name, method_check)
     rules.check_predict_inputs(signature, inputs)
-    if parse is not None:
-        inputs = {alias: parse(alias, value) for alias, value in inputs.items()}
+    if parse is not None:  # iterating a proto map by key: its items() view is Python code, several times slower
+        inputs = {alias: parse(alias, inputs[alias]) for alias in inputs}
     fetch = rules.output_aliases(signature, output_filter)
     return servable.run(rules.signature_key(signature_name), inputs, fetch)
 

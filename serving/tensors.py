@@ -32,9 +32,10 @@ def dtype_name(dtype_enum: int) -> str:
 
 def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.ndarray:
     """The array a TensorProto describes; INVALID_ARGUMENT naming `name` when it is malformed."""
-    if proto.tensor_shape.unknown_rank:
+    shape_proto = proto.tensor_shape
+    if shape_proto.unknown_rank:
         raise invalid(f"input '{name}': tensor_shape has unknown rank")
-    shape = [d.size for d in proto.tensor_shape.dim]
+    shape = [d.size for d in shape_proto.dim]
     if shape and min(shape) < 0:
         raise invalid(f"input '{name}': negative dimension in shape {shape}")
     count = 1
@@ -42,22 +43,25 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
         count *= s
         if count > max_elements:
             raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
-    if proto.dtype == types_pb2.DT_STRING:
+    dtype = proto.dtype
+    if dtype == types_pb2.DT_STRING:
         values = proto.string_val
         if len(values) == count:
             return np.array(values, dtype=object).reshape(shape)
         if len(values) == 1:
             return np.full(shape, values[0], dtype=object)
         raise invalid(f"input '{name}': shape {shape} needs {count} strings, got {len(values)}")
-    if proto.dtype not in _DTYPES:
-        raise invalid(f"input '{name}': unsupported dtype {dtype_name(proto.dtype)}")
-    np_dtype, field = _DTYPES[proto.dtype]
-    if proto.tensor_content:
+    known = _DTYPES.get(dtype)
+    if known is None:
+        raise invalid(f"input '{name}': unsupported dtype {dtype_name(dtype)}")
+    np_dtype, field = known
+    content = proto.tensor_content
+    if content:
         itemsize = np.dtype(np_dtype).itemsize
-        if len(proto.tensor_content) != count * itemsize:
-            raise invalid(f"input '{name}': tensor_content has {len(proto.tensor_content)} bytes; "
-                          f"shape {shape} of {dtype_name(proto.dtype)} needs {count * itemsize}")
-        return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape)
+        if len(content) != count * itemsize:
+            raise invalid(f"input '{name}': tensor_content has {len(content)} bytes; "
+                          f"shape {shape} of {dtype_name(dtype)} needs {count * itemsize}")
+        return np.frombuffer(content, dtype=np_dtype).reshape(shape)
     values = getattr(proto, field)
     if field == "half_val":  # float16 bit patterns stored in int32s
         array = np.array(values, dtype=np.uint16).view(np.float16)
@@ -79,10 +83,11 @@ def from_numpy(array: np.ndarray, out: tensor_pb2.TensorProto | None = None, as_
     """`as_fields`: values in the typed repeated field (float_val, int64_val...), as TF Serving
     writes its Predict answers (Tensor::AsProtoField, its default); otherwise in tensor_content."""
     proto = out if out is not None else tensor_pb2.TensorProto()
-    proto.tensor_shape.Clear()
+    if proto.HasField("tensor_shape"):
+        proto.tensor_shape.Clear()
     dims = proto.tensor_shape.dim
     for s in array.shape:
-        dims.add().size = s
+        dims.add(size=s)
     if array.dtype == object or array.dtype.kind in "SU":
         proto.dtype = types_pb2.DT_STRING
         values = array.reshape(-1).tolist()

@@ -4,6 +4,7 @@ auto defaults."""
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train
 from trainer.selection import BestMetric
-from trainer.speed import Speed, resolve_speed
+from trainer.speed import XLA_CPU_MAX_DENSE_FLOPS, Speed, resolve_speed
 
 
 def test_one_direction_rule_for_early_stopping_and_blessing():
@@ -86,6 +87,12 @@ def test_speed_auto_picks_the_fast_settings_where_safe():
     assert resolve_speed(auto, 1, False, True, 100) == Speed(False, 32)  # train_step override: XLA off
     assert resolve_speed(TrainerConfig(debug=True), 1, False, False, 100) == Speed(False, 1)
     assert resolve_speed(TrainerConfig(deterministic=True), 1, False, False, 100) == Speed(False, 32)  # no deterministic XLA MaxPoolGrad
+    # On CPU, a step whose Dense layers take XLA_CPU_MAX_DENSE_FLOPS or more runs without XLA
+    # (it trained faster there); below it, or with oneDNN off (not measured: the old rule), XLA stays on.
+    assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(False, 32)
+    assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS - 1) == Speed(True, 32)
+    assert resolve_speed(TrainerConfig(jit_compile=True), 1, False, False, 100,
+                         cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(True, 32)  # explicit: as asked
     explicit = TrainerConfig(jit_compile=False, steps_per_loop=5)
     assert resolve_speed(explicit, 1, False, False, 100) == Speed(False, 5)
     with pytest.raises(ValueError, match="trainer.jit_compile=true cannot apply with trainer.debug=true"):
@@ -110,6 +117,30 @@ def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
         train(TrainerConfig(epochs=1, validation_fraction=0), *splits, "target")  # all 512 rows: 16 steps
     assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
     assert tf.config.functions_run_eagerly() is False
+
+
+def test_auto_xla_is_off_on_cpu_for_a_step_of_large_matmuls(tmp_path, caplog, monkeypatch):
+    """4 x 1024 Dense layers at batch 256: ~4.8 GFLOP a step, counted from the built model."""
+    splits = regression_splits(tmp_path / "data")
+    module = tmp_path / "wide.py"
+    module.write_text("import keras\n"
+                      "def build_model(ctx):\n"
+                      "    inputs = ctx.inputs()\n"
+                      "    x = ctx.encoder()(inputs)\n"
+                      "    for i in range(4):\n"
+                      "        x = keras.layers.Dense(1024, activation='relu')(x)\n"
+                      "    return keras.Model(inputs, {h.name: h.output_layer(x) for h in ctx.heads})\n")
+    config = TrainerConfig(module_file=str(module), epochs=1, max_steps=1, batch_size=256, validation_fraction=0)
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        train(config, *splits, "target")
+    taken = re.search(r"XLA off \(on CPU the step's Dense layers take ([\d.]+) GFLOP", caplog.text)
+    assert taken and 4.5 < float(taken.group(1)) < 5.0  # 3 x 2 x 256 x (in x 1024 + 3 x 1024 x 1024 + ...)
+    assert "speed: jit_compile=False (auto)" in caplog.text
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN off: the rule does not apply
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        train(config, *splits, "target")
+    assert "speed: jit_compile=True (auto)" in caplog.text
 
 
 def test_weighted_loss_from_the_heads_weights_and_loss_unweighted():

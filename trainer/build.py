@@ -21,6 +21,7 @@ from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
                               resolve_image_shapes)
+from trainer.flops import count_flops
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
                             split_marked, training_stream)
@@ -127,9 +128,9 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     on_cpu = replicas > 1 and any("CPU" in d.upper() for d in strategy.extended.worker_devices)
     module = data["module"]
     custom = getattr(module, "train_step", None) is not None
-    speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch)
     models, optimizers, rng, export_model = _models_and_optimizers(config, strategy, module, data["ctx"], total_steps)
     model = models[export_name(module, models)]
+    speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch, _cpu_dense_flops(config, strategy, model))
     selection = None
     if data["metric"] is not None:
         selection = Selection(data["metric"], export_model, holdout.VALIDATION if data["held_out"] else holdout.EVAL)
@@ -157,6 +158,15 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
                optimizers=optimizers, rng=rng, model=model, export_model=export_model, step_var=step_var,
                batches_var=batches_var, checkpoints=checkpoints, start_step=start_step, **inputs,
                work_dir=work_dir, metric_sinks=metric_sinks, selection=selection, patience=data["patience"])
+
+
+def _cpu_dense_flops(config: TrainerConfig, strategy: tf.distribute.Strategy, model: keras.Model) -> int | None:
+    """One step's training FLOPs in the model's Dense layers on each replica, when they are CPUs
+    (None on accelerators: XLA's matmuls there are the vendor's)."""
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return None
+    examples = config.batch_size * config.grad_accum_steps // strategy.num_replicas_in_sync
+    return count_flops(model).training * examples
 
 
 def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> dict:

@@ -4,11 +4,20 @@ explicit value that cannot apply is refused, naming the key."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from trainer.config import AUTO_STEPS_PER_LOOP, TrainerConfig
 
 log = logging.getLogger("loopline.trainer")
+
+# On CPU, a step whose matmuls dominate ran faster without XLA: the train bench's 4 x 1024 MLP
+# (4.9 GFLOP of Dense layers per step at batch 256) did ~26% more examples per second, with the
+# same FLOPs per CPU-second (XLA's step kept the two cores less busy). A step of many small ops
+# runs faster with XLA (it fuses them into few calls): ~1.5x at 0.03 GFLOP per step (the
+# 16-128-128 MLP); from 0.1 to 1.7 GFLOP the two were even. "auto" turns XLA off on CPU from
+# this many FLOPs per step in Dense layers (trainer.flops), with oneDNN on (TensorFlow's default).
+XLA_CPU_MAX_DENSE_FLOPS = 10**9
 
 
 @dataclass(frozen=True)
@@ -17,9 +26,17 @@ class Speed:
     steps_per_loop: int
 
 
-def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool) -> list[str]:
-    """Why XLA would not be safe here (empty: it is)."""
+def onednn_on() -> bool:
+    """TensorFlow's oneDNN kernels: on unless TF_ENABLE_ONEDNN_OPTS turns them off."""
+    return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() not in ("0", "false")
+
+
+def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_dense_flops: int | None) -> list[str]:
+    """Why XLA would not be safe, or not faster, here (empty: it is both)."""
     reasons = []
+    if cpu_dense_flops is not None and cpu_dense_flops >= XLA_CPU_MAX_DENSE_FLOPS and onednn_on():
+        reasons.append(f"on CPU the step's Dense layers take {cpu_dense_flops / 1e9:.2g} GFLOP, where TensorFlow's "
+                       "own oneDNN kernels train faster (trainer.jit_compile=true forces XLA)")
     if replicas > 1:
         reasons.append(f"{replicas} replicas (the step all-reduces inside the compiled function)")
     if config.debug:
@@ -31,8 +48,10 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool) -> li
     return reasons
 
 
-def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_step: bool, steps_per_epoch: int) -> Speed:
-    """The settings this run uses. `on_cpu`: the replicas are CPU devices."""
+def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_step: bool, steps_per_epoch: int,
+                  cpu_dense_flops: int | None = None) -> Speed:
+    """The settings this run uses. `on_cpu`: the replicas are CPU devices. `cpu_dense_flops`: on
+    CPU, the training FLOPs of one step in the model's Dense layers (None: not on CPU)."""
     if config.jit_compile is True:
         if replicas > 1 and on_cpu:
             # The step all-reduces gradients inside the compiled function; XLA has no collectives on CPU.
@@ -44,7 +63,7 @@ def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_ste
                              "set trainer.jit_compile to false or auto")
         jit = True
     elif config.jit_compile == "auto":
-        blockers = _jit_blockers(config, replicas, custom_step)
+        blockers = _jit_blockers(config, replicas, custom_step, cpu_dense_flops)
         jit = not blockers
         if blockers:
             log.info("trainer.jit_compile=auto: XLA off (%s)", "; ".join(blockers))

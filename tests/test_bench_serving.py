@@ -1,0 +1,23 @@
+"""The serving bench's comparison with the no-model gRPC server: the headline figures are the
+medians over the rounds of each round's own difference and ratio."""
+from __future__ import annotations
+
+import pytest
+
+from bench.serving import floor_medians
+
+
+def _round(ours_p50, floor_p50, ours_rps, floor_rps):
+    return {"loopline_grpc": {"c1": {"p50_ms": ours_p50}, "c16": {"req_per_s": ours_rps}},
+            "grpc_floor": {"c1": {"p50_ms": floor_p50}, "c16": {"req_per_s": floor_rps}},
+            "p50_over_floor_ms_c1": round(ours_p50 - floor_p50, 3), "req_per_s_fraction_c16": round(ours_rps / floor_rps, 3)}
+
+
+def test_floor_figures_are_medians_of_each_rounds_own_comparison():
+    rounds = [_round(0.40, 0.30, 3000, 6000), _round(0.50, 0.45, 1000, 1000), _round(0.90, 0.60, 4000, 5000)]
+    figures = floor_medians(rounds)
+    # Of 0.10, 0.05, 0.30; the difference of the medians would be 0.50 - 0.45.
+    assert figures["p50_over_floor_ms_c1"] == pytest.approx(0.10)
+    # Of 0.5, 1.0, 0.8; the ratio of the medians would be 3000 / 5000.
+    assert figures["req_per_s_fraction_of_floor_c16"] == pytest.approx(0.8)
+    assert figures["floor_p50_ms_c1"] == pytest.approx(0.45) and figures["floor_req_per_s_c16"] == pytest.approx(5000)
