@@ -73,7 +73,9 @@ def test_stateful_auc_over_the_whole_split_matches_sklearn(tmp_path):
     whole = roc_auc_score(np.concatenate(labels), np.concatenate(scores))
     assert head.vocabulary == ["neg", "pos"] and 0.6 < whole < 0.95
     assert result.metrics["label_auc"] == pytest.approx(whole, abs=1e-3)
-    assert abs(np.mean(batch_aucs) - whole) > 1e-3  # batch means would not have passed
+    # A per-batch AUC is not the split's: batches of 32 are far from it (their mean can land close
+    # by chance: 0.0002 once, so the mean is not what this compares).
+    assert np.median(np.abs(np.array(batch_aucs) - whole)) > 1e-2
     accuracy = recorder.series("label_accuracy")  # training accuracy, per call
     assert len(accuracy) > 1 and 0.6 < accuracy[-1] <= 1.0 and accuracy[-1] > accuracy[0]
 
