@@ -197,7 +197,7 @@ def cmd_predict(args) -> int:
         images = all(path.lower().endswith(IMAGE_SUFFIXES) for path in args.input)
         if not images and len(args.input) != 1:
             raise ValueError("give one rows file (.csv or JSON), or image files")
-        rows = None if images else read_rows(args.input[0])
+        rows = None if images else read_rows(args.input[0], config.data.csv_options())
         if args.wait:
             wait_until_serving(client, model, args.wait)
         print("\n".join(predict_images(args.input, model, client) if images

@@ -4,6 +4,7 @@ regression values. Missing numbers go as NaN and missing strings as "", as in tr
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -12,17 +13,19 @@ import grpc
 import numpy as np
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
+from ingestion.csv_options import CsvOptions, parse_header, undecodable
 from serving import signature_names as names
 from serving.tensors import from_numpy, to_numpy
 
 RAW_SIGNATURE = names.PREDICT_RAW
 
 
-def read_rows(path: str) -> list[dict]:
-    """A JSON list of objects, JSON lines, or a CSV with a header row."""
-    text = Path(path).read_text()
+def read_rows(path: str, csv_options: CsvOptions | None = None) -> list[dict]:
+    """A JSON list of objects, JSON lines, or a CSV with a header row, read by the pipeline's CSV
+    rules (`ingestion.csv_options`: the missing markers, delimiter and encoding of data.*)."""
     if path.endswith(".csv"):
-        return list(csv.DictReader(text.splitlines()))
+        return _csv_rows(path, csv_options or CsvOptions())
+    text = Path(path).read_text()
     stripped = text.lstrip()
     try:
         rows = json.loads(text) if stripped.startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -31,6 +34,20 @@ def read_rows(path: str) -> list[dict]:
     if not rows or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected a non-empty list of objects (one per row)")
     return rows
+
+
+def _csv_rows(path: str, options: CsvOptions) -> list[dict]:
+    """The rows as dicts; a cell holding a missing marker is None (missing), as ExampleGen reads it."""
+    data = Path(path).read_bytes()
+    names, options = parse_header(path, data, True, options)
+    try:
+        text = data.decode(options.encoding).removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise undecodable(path, [data], options.encoding) from None
+    missing = set(options.na_values)
+    records = csv.reader(io.StringIO(text, newline=""), delimiter=options.delimiter)
+    next(records)  # the header, read by parse_header
+    return [{name: None if cell in missing else cell for name, cell in zip(names, record)} for record in records if record]
 
 
 def _number(value, name: str, row: int) -> float:

@@ -359,3 +359,26 @@ def test_pipeline_on_an_excel_export_with_na_markers(tmp_path):
             if feature.name in missing:
                 missing[feature.name] += common_stats(feature).num_missing
     assert missing == {"mean radius": 20, "age": 30}
+
+
+def test_predict_reads_rows_by_the_same_rules(tmp_path):
+    """`loopline predict rows.csv` reads by the pipeline's rules, checked against pandas on the same
+    bytes: a byte-order mark is not part of a name, the missing markers are missing (NaN for a
+    number, "" for text, as in training), `;` found by `auto`; latin-1 through data.encoding; bytes
+    the encoding cannot read stop, naming the line."""
+    from serving.client import read_rows, rows_to_columns
+
+    path = tmp_path / "rows.csv"
+    path.write_bytes("\ufeffbill_length_mm;island\n39.1;NA\nN/A;Biscoe\n#N/A;\n".encode())
+    rows = read_rows(str(path), CsvOptions(delimiter="auto"))
+    frame = pd.read_csv(path, sep=";")
+    assert [list(r) for r in rows] == [list(frame.columns)] * 3 == [["bill_length_mm", "island"]] * 3
+    assert [[v is None for v in r.values()] for r in rows] == frame.isna().values.tolist()
+    columns = rows_to_columns(rows, {"bill_length_mm": "float", "island": "string"})
+    assert columns["bill_length_mm"][0, 0] == pytest.approx(39.1) and np.isnan(columns["bill_length_mm"][1:, 0]).all()
+    assert list(columns["island"][:, 0]) == [b"", b"Biscoe", b""]
+
+    path.write_bytes("island\nDream\xe9\n".encode("latin-1"))
+    assert read_rows(str(path), CsvOptions(encoding="latin-1")) == [{"island": "Dream\xe9"}]
+    with pytest.raises(CsvError, match="line 2"):
+        read_rows(str(path))
