@@ -41,13 +41,16 @@ def cmd_run(args) -> int:
     from pipeline.component_lines import component_lines
     from pipeline.local_runner import run_local
 
-    # What is imported by now (TF, TFX, Beam: millions of objects) lives until the process ends;
-    # set aside from the cyclic collector, its full scans during the run, in TFLite's converter
-    # and at exit look at the run's own objects only (seconds of CPU otherwise).
-    gc.freeze()
+    # When the run is the process's command, what is imported by now (TF, TFX, Beam: millions of
+    # objects) lives until the process ends; set aside from the cyclic collector, its full scans
+    # during the run, in TFLite's converter and at exit look at the run's own objects only (seconds
+    # of CPU otherwise). Called from Python (main(argv)), the caller's collector is left as it is.
+    if args.whole_process:
+        gc.freeze()
     with component_lines(config, run_id, console):
         summary = run_local(config, run_id=run_id)
-    gc.freeze()  # and what the run loaded since (MLflow, the Beam runner): the exit need not scan it either
+    if args.whole_process:
+        gc.freeze()  # and what the run loaded since (MLflow, the Beam runner): the exit need not scan it either
     print("\n".join(["", "loopline run finished", *summary.lines(), f"log        {args.log.path}"]))
     return 0
 
@@ -510,6 +513,7 @@ def _parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    args.whole_process = argv is None  # the process's own command line (the console script, python -m)
     _quiet_libraries()
     # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).
     log = args.log = CommandLog("-".join(filter(None, [args.command, getattr(args, "data_command", None)])),

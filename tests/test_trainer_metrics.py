@@ -80,7 +80,9 @@ def test_stateful_auc_over_the_whole_split_matches_sklearn(tmp_path):
     assert len(accuracy) > 1 and 0.6 < accuracy[-1] <= 1.0 and accuracy[-1] > accuracy[0]
 
 
-def test_speed_auto_picks_the_fast_settings_where_safe():
+def test_speed_auto_picks_the_fast_settings_where_safe(monkeypatch):
+    # The serve command sets TF_ENABLE_ONEDNN_OPTS in its process (tests run it in this one).
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     auto = TrainerConfig()
     assert (auto.jit_compile, auto.steps_per_loop) == ("auto", "auto")
     assert resolve_speed(auto, 1, False, False, 100) == Speed(True, 32)
@@ -123,6 +125,7 @@ def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
 
 def test_auto_xla_is_off_on_cpu_for_a_step_of_large_matmuls(tmp_path, caplog, monkeypatch):
     """4 x 1024 Dense layers at batch 256: ~4.8 GFLOP a step, counted from the built model."""
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)  # as a serve command in this process may have set it
     splits = regression_splits(tmp_path / "data")
     module = tmp_path / "wide.py"
     module.write_text("import keras\n"
