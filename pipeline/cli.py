@@ -142,9 +142,11 @@ def cmd_serve(args) -> int:
         if getattr(args, key) is not None:
             setattr(serving, key, getattr(args, key))
     serving_root = args.serving_root or _serving_root(config)
-    if not os.path.isdir(serving_root):
-        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
     args.log.open(config)
+    import tensorflow as tf  # after the log: its C++ start-up lines go there
+
+    if not tf.io.gfile.isdir(serving_root):  # a bucket's folder too (gs://)
+        raise FileNotFoundError(f"serving root {serving_root} does not exist; run the pipeline (loopline run) first")
     from serving.request_log_config import request_log_dir, write_request_log_file
     from serving.server import serve_forever
 

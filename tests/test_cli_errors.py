@@ -86,3 +86,20 @@ def test_csv_glob_reads_every_file_header(capsys, tmp_path):
     code, err = run_cli(capsys, "--set", f"data.path={tmp_path}/none/*.csv", "--set", f"pipeline.root={tmp_path}/ws")
     assert code == 2 and err == f"loopline: error: data.path: no file matches {tmp_path}/none/*.csv"
     assert not (tmp_path / "ws").exists()
+
+
+def test_serve_takes_a_serving_root_in_a_bucket_and_names_a_missing_one(capsys, tmp_path, monkeypatch):
+    """The serving root is checked through tf.io.gfile: a folder in a bucket (ram:// here) serves."""
+    import tensorflow as tf
+
+    from serving import server
+
+    served = []
+    monkeypatch.setattr(server, "serve_forever", lambda root, serving: served.append(root) or 0)
+    root = "ram://serve-check/serving"
+    tf.io.gfile.makedirs(root)
+    common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path}"]
+    assert main(["serve", *common, "--serving-root", root]) == 0 and served == [root]
+    assert main(["serve", *common, "--serving-root", "ram://serve-check/missing"]) != 0
+    assert "serving root ram://serve-check/missing does not exist; run the pipeline (loopline run) first" in \
+        capsys.readouterr().err
