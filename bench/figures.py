@@ -34,6 +34,7 @@ class Figure:
     since_run: int = 1  # the range covers runs from this one (1-based): earlier runs measured another thing
     readme: bool = False  # also one line in the README (one headline figure per benchmark)
     runs_with: str = ""  # only the runs holding this key count (e.g. the runs that measured that size)
+    out_of: str = ""  # a key whose value in the latest run is written after the figure as "of N"
 
 
 ONE_M, HUNDRED_K = "sizes[rows=1000000]", "sizes[rows=100000]"  # the scale bench's sizes, by their rows
@@ -136,7 +137,7 @@ FIGURES = [
     Figure("pipeline re-run with every component cached vs cold, wall", "pipeline", "ratio_cold_vs_cached",
            "{:.0f}x faster", table=CONTEXT, readme=True),
     Figure("tables where loopline is within its target of the best scikit-learn baseline ([Model quality](docs/model-quality.md))",
-           "quality", "tables_within_target", "{:.0f} of 7", table=None, readme=True),
+           "quality", "tables_within_target", "{:.0f}", table=None, readme=True, out_of="tables_measured"),
 ]
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -174,11 +175,15 @@ class MissingFigure(ValueError):
     pass
 
 
+def _runs(fig: Figure, results: Path) -> list[dict]:
+    return [r for r in read_runs(fig.file, results)[fig.since_run - 1:]
+            if not fig.runs_with or value(r, fig.runs_with) is not None]
+
+
 def measured(fig: Figure, results: Path = RESULTS) -> tuple[float, list[float]]:
     """The latest run's value and the values of every run from `since_run` on that has the figure.
     A figure the latest run lacks is an error naming the file and key (a page never shows a stale one)."""
-    runs = [r for r in read_runs(fig.file, results)[fig.since_run - 1:]
-            if not fig.runs_with or value(r, fig.runs_with) is not None]
+    runs = _runs(fig, results)
     latest = value(runs[-1], fig.key) if runs else None
     if not isinstance(latest, (int, float)) or isinstance(latest, bool):
         which = f"the latest run holding '{fig.runs_with}'" if fig.runs_with else "the latest run"
@@ -206,8 +211,19 @@ def table(which: str, results: Path = RESULTS) -> str:
     rows = ["| what | benchmark | latest | range over runs | target |", "|---|---|---|---|---|"]
     for fig in (f for f in FIGURES if f.table == which):
         latest, seen = measured(fig, results)
-        rows.append(f"| {fig.what} | `{fig.file}` | {fig.fmt.format(latest)} | {_range(fig, seen)} | {_judged(fig, latest, seen)} |")
+        rows.append(f"| {fig.what} | `{fig.file}` | {written(fig, latest, results)} | {_range(fig, seen)} | {_judged(fig, latest, seen)} |")
     return "\n".join(rows)
+
+
+def written(fig: Figure, latest: float, results: Path = RESULTS) -> str:
+    """The latest value as the pages show it (with "of N" when the figure counts out of a total)."""
+    text = fig.fmt.format(latest)
+    if fig.out_of:
+        total = value(_runs(fig, results)[-1], fig.out_of)
+        if not isinstance(total, (int, float)):
+            raise MissingFigure(f"bench/results/{fig.file}.json: the latest run has no number at '{fig.out_of}'")
+        text += f" of {total:.0f}"
+    return text
 
 
 def readme_lines(results: Path = RESULTS) -> str:
@@ -215,7 +231,7 @@ def readme_lines(results: Path = RESULTS) -> str:
     for fig in (f for f in FIGURES if f.readme):
         latest, seen = measured(fig, results)
         judged = _judged(fig, latest, seen)
-        lines.append(f"- `{fig.file}`: {fig.what}: **{fig.fmt.format(latest)}**" + (f" (target {judged})" if judged else ""))
+        lines.append(f"- `{fig.file}`: {fig.what}: **{written(fig, latest, results)}**" + (f" (target {judged})" if judged else ""))
     return "\n".join(lines)
 
 

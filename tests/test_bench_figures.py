@@ -57,3 +57,14 @@ def test_items_by_a_field_and_only_the_runs_holding_a_key(tmp_path):
     assert figures.measured(Figure("", "demo", "sizes[rows=100].x", runs_with="sizes[rows=100]"), results) == (1.0, [1.0])
     with pytest.raises(figures.MissingFigure, match=r"the latest run has no number at 'sizes\[rows=1000\].x'"):
         figures.measured(Figure("", "demo", "sizes[rows=1000].x"), results)
+
+
+def test_a_count_is_written_out_of_the_latest_runs_total(tmp_path, monkeypatch):
+    """"6 of 7" reads both numbers from the run: a bench that measures 8 tables says "of 8"."""
+    results = _results(tmp_path, [{"within": 6, "measured": 7}, {"within": 7, "measured": 8}])
+    monkeypatch.setattr(figures, "FIGURES", [Figure("tables", "demo", "within", "{:.0f}", table=None, readme=True,
+                                                    out_of="measured")])
+    assert figures.readme_lines(results) == "- `demo`: tables: **7 of 8**"
+    (tmp_path / "demo.json").write_text(json.dumps({"runs": [{"within": 6}]}))
+    with pytest.raises(figures.MissingFigure, match="no number at 'measured'"):
+        figures.readme_lines(results)
