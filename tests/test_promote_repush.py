@@ -17,9 +17,6 @@ from tracking.promotion import PromotionError, follow_in_serving, move_alias
 from tracking.registration import TAG_SERVING_VERSION
 from tracking.target import TrackingTarget, ensure_experiment, make_client
 
-pytestmark = pytest.mark.filterwarnings("ignore:Add type hints to the `predict` method")
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """One embedded MLflow store for the module (creating one takes seconds)."""
