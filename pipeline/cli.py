@@ -9,7 +9,7 @@ import sys
 
 from pipeline.config import ConfigError, load_config
 from pipeline.run_lock import RunLockedError
-from pipeline.run_log import CommandLog, new_run_id
+from pipeline.run_log import CommandLog, import_tensorflow_quietly, new_run_id
 from serving.signature_names import PREDICT_RAW
 
 DEFAULT_CONFIG = "loopline.yaml"
@@ -56,6 +56,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    import_tensorflow_quietly()  # a command without a log
     from pipeline.kubeflow_runner import compile_kubeflow
 
     config = _config(args)
@@ -126,10 +127,13 @@ def cmd_tensorboard(args) -> int:
     return 0
 
 
-def _prepare_serving_process(serving) -> None:
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")  # before TensorFlow loads
+def _prepare_serving_process(serving, log_opens: bool = True) -> None:
+    """Before TensorFlow loads; `log_opens=False`: the command has no log (TF Serving's flags)."""
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if serving.onednn else "0")
     if serving.cpus:
         _pin_to_cpus(serving.cpus)
+    if not log_opens:
+        import_tensorflow_quietly()
 
 
 def cmd_serve(args) -> int:
@@ -168,7 +172,7 @@ def _serve_with_tf_serving_flags(args) -> int:
     from serving.tf_serving_flags import serve_with_flags
 
     serving = load_config(args.config, args.overrides).serving if args.config or args.overrides else ServingConfig()
-    _prepare_serving_process(serving)
+    _prepare_serving_process(serving, log_opens=False)
     return serve_with_flags(args.tf_serving_flags, serving, "loopline serve")
 
 
@@ -180,7 +184,7 @@ def tf_serving_main(argv: list[str] | None = None) -> int:
     from serving.tf_serving_flags import serve_with_flags
 
     serving = ServingConfig()
-    _prepare_serving_process(serving)
+    _prepare_serving_process(serving, log_opens=False)
     return serve_with_flags(sys.argv[1:] if argv is None else argv, serving)
 
 

@@ -37,6 +37,31 @@ def log_name(command: str, started: str) -> str:
     return f"{started}.log" if command == "run" else f"{command}-{started}.log"
 
 
+# TensorFlow's C++ INFO lines at its start (oneDNN, "Could not find cuda drivers"), printed before
+# absl starts: no environment setting stops them (TF_CPP_MIN_LOG_LEVEL included).
+_STARTUP_NOISE = re.compile(r"^(I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+\] |"
+                            r"WARNING: All log messages before absl::InitializeLog\(\) is called)")
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow for a command that has no log: its start-up INFO lines are dropped, any
+    other line it writes to standard error (a warning, an error) still reaches the terminal."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode("utf-8", "replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not _STARTUP_NOISE.match(line)))
+
+
 class CommandLog:
     """The log of one command; `open` once the config names the root, before TensorFlow loads."""
 

@@ -4,6 +4,7 @@ location and Beam args where the pods read them."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -186,6 +187,7 @@ def test_cli_compile(tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert f"wrote      {out}" in ok.stdout
+    assert not re.search(r"^I\d{4} |absl::InitializeLog", ok.stderr, re.M), ok.stderr  # TensorFlow's start-up lines
     tasks = next(line for line in ok.stdout.splitlines() if line.startswith("tasks "))
     listed = tasks.split(None, 1)[1].split(", ")
     assert listed[0] == "CsvExampleGen" and {"Trainer", "Pusher"} <= set(listed)

@@ -17,6 +17,7 @@ the repository's stored files)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -507,6 +508,8 @@ def test_good_model_config(good_config):
 
 def test_manifest_arguments_are_taken_without_a_warning(good_config):
     assert "unknown argument" not in good_config.log() and "not applied" not in good_config.log()
+    # No command log with TF Serving's flags: TensorFlow's C++ INFO lines at its start are dropped.
+    assert not re.search(r"^I\d{4} |absl::InitializeLog", good_config.log(), re.M), good_config.log()
     assert "--enable_model_warmup=true" in good_config.command
     assert requests.get(f"{good_config.rest_url}/monitoring/prometheus/metrics", timeout=30).status_code == 200
 
