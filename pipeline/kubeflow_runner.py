@@ -8,14 +8,12 @@ that Vertex AI Pipelines takes (it accepts the YAML too).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import ConfigError, LooplineConfig
 
-log = logging.getLogger("loopline")
 
 # Schemes every pod can read and write through tf.io.gfile and Beam's file systems without extra
 # packages (s3:// and hdfs:// need tensorflow-io, which does not load with TensorFlow 2.21).
@@ -108,7 +106,8 @@ def compile_kubeflow(
     output: str | os.PathLike,
     allow_local_paths: bool = False,
 ) -> CompiledSpec:
-    """Writes the pipeline spec to `output` (.json: PipelineJob; .yaml/.yml: PipelineSpec)."""
+    """Writes the pipeline spec to `output` (.json: PipelineJob; .yaml/.yml: PipelineSpec). What
+    still works but needs care is in the result's `warnings`, for the caller to show once."""
     if not image or any(c.isspace() for c in image):
         raise ConfigError(f"--image: {image!r} is not a container image reference")
     output = Path(output)
@@ -150,8 +149,6 @@ def compile_kubeflow(
 
         header = f"# PIPELINE DEFINITION\n# Name: {config.pipeline.name}\n# Compiled by loopline with TFX's KubeflowV2DagRunner\n"
         output.write_text(header + yaml.safe_dump(spec, sort_keys=True))
-    for warning in warnings:
-        log.warning(warning)
     return CompiledSpec(
         path=str(output),
         tasks=[c.id for c in tfx_pipeline.components],  # in run order

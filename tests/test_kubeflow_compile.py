@@ -188,6 +188,8 @@ def test_cli_compile(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert f"wrote      {out}" in ok.stdout
     assert not re.search(r"^I\d{4} |absl::InitializeLog", ok.stderr, re.M), ok.stderr  # TensorFlow's start-up lines
+    said = ok.stdout + ok.stderr
+    assert said.count("pipeline.enable_cache:") == 1 and "warning    pipeline.enable_cache:" in ok.stdout, said  # once
     tasks = next(line for line in ok.stdout.splitlines() if line.startswith("tasks "))
     listed = tasks.split(None, 1)[1].split(", ")
     assert listed[0] == "CsvExampleGen" and {"Trainer", "Pusher"} <= set(listed)
