@@ -33,13 +33,14 @@ def test_server_cpu_per_request_is_the_median_of_each_sides_rounds():
 
 def test_measure_divides_the_servers_cpu_in_its_window_by_the_requests_answered():
     # A stand-in server whose CPU clock advances 1 ms per request: the figure must read ~1000 us,
-    # whatever the warm-up before the window and the requests after it.
+    # whatever the warm-up before the window (counted in, it would read over 2500 us). Loose: on a
+    # loaded machine the two readings may come a few requests late.
     used = [0.0]
 
     def call():
         used[0] += 0.001
         time.sleep(0.002)
 
-    result = measure(call, 2, seconds=0.3, cpu=lambda: used[0])
+    result = measure(call, 2, seconds=0.5, cpu=lambda: used[0])
     assert result["requests"] > 100
-    assert result["server_cpu_us_per_request"] == pytest.approx(1000, rel=0.05)
+    assert result["server_cpu_us_per_request"] == pytest.approx(1000, rel=0.2)
