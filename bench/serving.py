@@ -532,12 +532,23 @@ def stop_group(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-def previous_runs() -> list:
-    path = Path(__file__).resolve().parent / "results" / "serving.json"
+RESULTS_FILE = Path(__file__).resolve().parent / "results" / "serving.json"
+
+
+def previous_runs(path: Path = RESULTS_FILE) -> list:
+    """The headline entries of the runs so far, one per run (by its `at`). Each whole result in
+    the file carries its own `runs` list; older ones also hold whole earlier results there, which
+    are not copied again (copied, the file doubled with every run)."""
     try:
-        return json.loads(path.read_text()).get("runs", [])
+        results = json.loads(path.read_text()).get("runs", [])
     except (OSError, ValueError):
         return []
+    entries: dict[str, dict] = {}
+    for result in results:
+        for entry in result.get("runs", []) if isinstance(result, dict) else []:
+            if isinstance(entry, dict) and "at" in entry:
+                entries.setdefault(entry["at"], entry)
+    return list(entries.values())
 
 
 def run() -> dict:

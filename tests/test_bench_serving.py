@@ -2,11 +2,12 @@
 medians over the rounds of each round's own difference and ratio."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from bench.serving import floor_medians, measure
+from bench.serving import floor_medians, measure, previous_runs
 
 
 def _round(ours_p50, floor_p50, ours_rps, floor_rps, ours_cpu=300.0, floor_cpu=150.0):
@@ -44,3 +45,14 @@ def test_measure_divides_the_servers_cpu_in_its_window_by_the_requests_answered(
     result = measure(call, 2, seconds=0.5, cpu=lambda: used[0])
     assert result["requests"] > 100
     assert result["server_cpu_us_per_request"] == pytest.approx(1000, rel=0.2)
+
+
+def test_previous_runs_are_one_headline_entry_per_run_not_whole_results(tmp_path):
+    first, second = {"at": "2026-12-01T10:00:00Z", "x": 1}, {"at": "2026-12-01T11:00:00Z", "x": 2}
+    whole_first = {"in_process": {}, "runs": [first]}
+    # An older file: the second result's list also holds the whole first result.
+    whole_second = {"in_process": {}, "runs": [whole_first, second]}
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps({"runs": [whole_first, whole_second]}))
+    assert previous_runs(path) == [first, second]
+    assert previous_runs(tmp_path / "missing.json") == []
