@@ -50,12 +50,15 @@ def export_model(path: Path) -> Path:
     return path
 
 
-def measure(call, concurrency: int, seconds: float = SECONDS) -> dict:
-    """Runs `call` in `concurrency` threads for `seconds` (after a short warm-up)."""
+def measure(call, concurrency: int, seconds: float = SECONDS, cpu=None) -> dict:
+    """Runs `call` in `concurrency` threads for `seconds` (after a short warm-up). `cpu`: the
+    server process's CPU seconds so far; read at the window's start and end, it gives the server's
+    CPU microseconds per answered request (steadier than req/s on a shared machine)."""
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0]
     start_at = time.perf_counter() + 1.0
     stop_at = start_at + seconds
+    cpu_marks: list[float] = []
 
     def worker(out):
         call()
@@ -72,14 +75,24 @@ def measure(call, concurrency: int, seconds: float = SECONDS) -> dict:
             if t0 >= start_at:
                 out.append(t1 - t0)
 
+    def sample_cpu():
+        for at in (start_at, stop_at):
+            time.sleep(max(0.0, at - time.perf_counter()))
+            cpu_marks.append(cpu())
+
     threads = [threading.Thread(target=worker, args=(latencies[i],)) for i in range(concurrency)]
+    if cpu is not None:
+        threads.append(threading.Thread(target=sample_cpu))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     all_ms = np.array([x for lat in latencies for x in lat]) * 1000
-    return {"p50_ms": round(float(np.percentile(all_ms, 50)), 3), "p99_ms": round(float(np.percentile(all_ms, 99)), 3),
-            "req_per_s": round(len(all_ms) / seconds, 1), "errors": errors[0], "requests": len(all_ms)}
+    result = {"p50_ms": round(float(np.percentile(all_ms, 50)), 3), "p99_ms": round(float(np.percentile(all_ms, 99)), 3),
+              "req_per_s": round(len(all_ms) / seconds, 1), "errors": errors[0], "requests": len(all_ms)}
+    if cpu is not None:
+        result["server_cpu_us_per_request"] = round((cpu_marks[1] - cpu_marks[0]) / len(all_ms) * 1e6, 1)
+    return result
 
 
 def free_port() -> int:
@@ -144,6 +157,70 @@ def in_process_session(saved_model: Path) -> dict:
         servable.unload()
 
 
+PART_CALLS = 5000
+
+
+def handler_parts(serving_root: Path) -> dict:
+    """Where a Predict's time goes in our own code: each part's CPU microseconds per call, in this
+    process, one thread, PART_CALLS calls after a warm-up. Caches are warm here; in the server the
+    clients, grpc's threads and other requests share the core between two requests, so each part
+    costs more there. `grpc_handler` is the servicer's Predict (batching on, as SERVER_SETTINGS)
+    with a stand-in for grpc's context: all our work per request, none of grpc's."""
+    from tensorflow_serving.apis import predict_pb2
+
+    from serving.config import ServingConfig
+    from serving.grpc_server import PredictionServicer
+    from serving.options import ServerOptions
+    from serving.server import ModelServer
+    from serving.service import predict_on
+    from serving.tensors import from_numpy, to_numpy
+
+    class Context:  # what the handler uses of grpc.ServicerContext
+        def invocation_metadata(self):
+            return ()
+
+        def set_trailing_metadata(self, metadata):
+            pass
+
+        def abort(self, code, message):
+            raise RuntimeError(f"{code}: {message}")
+
+    config = ServingConfig()
+    config.batching.num_batch_threads = 1
+    models_config = str(serving_root / "models.config")
+    server = ModelServer(str(serving_root), config, models_config,
+                         ServerOptions(models_config=models_config, rest_enabled=False, grpc_tcp=False))
+    server.manager.start()
+    try:
+        request, context = predict_request(), Context()
+        handler = PredictionServicer(server.manager, server.metrics)
+        with server.manager.resolve(request.model_spec) as servable:
+            arrays = {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs}
+            outputs = servable.run("predict_raw", arrays)
+
+            def response():
+                answer = predict_pb2.PredictResponse()
+                for name, array in outputs.items():
+                    from_numpy(array, answer.outputs[name], as_fields=True)
+
+            parts = {"parse": lambda: {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs},
+                     "model": lambda: servable.run("predict_raw", arrays), "response": response,
+                     "predict_on": lambda: predict_on(servable, request, False),
+                     "grpc_handler": lambda: handler.Predict(request, context)}
+            return {name: _cpu_us_per_call(call) for name, call in parts.items()}
+    finally:
+        server.stop(grace=0)
+
+
+def _cpu_us_per_call(call) -> float:
+    for _ in range(PART_CALLS // 10):
+        call()
+    started = time.process_time()
+    for _ in range(PART_CALLS):
+        call()
+    return round((time.process_time() - started) / PART_CALLS * 1e6, 2)
+
+
 def predict_request():
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
@@ -157,8 +234,9 @@ def predict_request():
     return request
 
 
-def grpc_clients(port: int, concurrency=CONCURRENCY) -> dict:
-    """The stock PredictionService stub, one channel per client thread, sending the same request."""
+def grpc_clients(port: int, concurrency=CONCURRENCY, pid: int | None = None) -> dict:
+    """The stock PredictionService stub, one channel per client thread, sending the same request;
+    `pid`: the server's process, whose CPU per request is then measured too."""
     import grpc
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
@@ -177,7 +255,7 @@ def grpc_clients(port: int, concurrency=CONCURRENCY) -> dict:
                     local.stub = stubs[next(counter)]
             return local.stub.Predict(request, timeout=10)
 
-        results[f"c{c}"] = measure(call, c)
+        results[f"c{c}"] = measure(call, c, cpu=None if pid is None else lambda: process_cpu_seconds(pid))
         for ch in channels:
             ch.close()
     return results
@@ -232,7 +310,7 @@ def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc", concur
         if api == "rest":
             return rest_clients(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict", REST_BODY)
         cpu_before = process_cpu_seconds(proc.pid)
-        result = grpc_clients(grpc_port, concurrency)
+        result = grpc_clients(grpc_port, concurrency, pid=proc.pid)
         if metrics is not None:
             import requests
 
@@ -371,7 +449,7 @@ def grpc_floor(concurrency=CONCURRENCY) -> dict:
     try:
         if "serving" not in proc.stdout.readline():
             raise RuntimeError("bench.grpc_floor did not start")
-        return grpc_clients(port, concurrency=concurrency)
+        return grpc_clients(port, concurrency=concurrency, pid=proc.pid)
     finally:
         stop(proc)
 
@@ -397,8 +475,12 @@ def against_floor(serving_root: Path) -> dict:
 
 
 def floor_medians(rounds: list[dict]) -> dict:
-    """The headline figures: the median over the rounds of each round's difference and ratio."""
-    return {"p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
+    """The headline figures: the median over the rounds of each round's difference and ratio; and
+    each server's CPU microseconds per request at 16 clients (the median of its rounds)."""
+    cpu = {side: round(float(np.median([r[side]["c16"]["server_cpu_us_per_request"] for r in rounds])), 1)
+           for side in ("loopline_grpc", "grpc_floor") if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
+    return {"server_cpu_us_per_request_c16": cpu,
+            "p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
             "req_per_s_fraction_of_floor_c16": round(float(np.median([r["req_per_s_fraction_c16"] for r in rounds])), 3),
             "floor_req_per_s_c16": round(float(np.median([r["grpc_floor"]["c16"]["req_per_s"] for r in rounds])), 1),
             "floor_p50_ms_c1": round(float(np.median([r["grpc_floor"]["c1"]["p50_ms"] for r in rounds])), 3)}
@@ -450,12 +532,23 @@ def stop_group(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-def previous_runs() -> list:
-    path = Path(__file__).resolve().parent / "results" / "serving.json"
+RESULTS_FILE = Path(__file__).resolve().parent / "results" / "serving.json"
+
+
+def previous_runs(path: Path = RESULTS_FILE) -> list:
+    """The headline entries of the runs so far, one per run (by its `at`). Each whole result in
+    the file carries its own `runs` list; older ones also hold whole earlier results there, which
+    are not copied again (copied, the file doubled with every run)."""
     try:
-        return json.loads(path.read_text()).get("runs", [])
+        results = json.loads(path.read_text()).get("runs", [])
     except (OSError, ValueError):
         return []
+    entries: dict[str, dict] = {}
+    for result in results:
+        for entry in result.get("runs", []) if isinstance(result, dict) else []:
+            if isinstance(entry, dict) and "at" in entry:
+                entries.setdefault(entry["at"], entry)
+    return list(entries.values())
 
 
 def run() -> dict:
@@ -468,6 +561,7 @@ def run() -> dict:
         saved_model = export_model(serving_root / "penguins" / "1")
         write_serving_configs(str(serving_root), ServingConfig())
         results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
+                   "handler_parts_us": handler_parts(serving_root),
                    "vs_grpc_floor": against_floor(serving_root),
                    "loopline_rest": ours(serving_root, settings=REST_SETTINGS, api="rest"),
                    "mlflow_rest": mlflow_serve(registered_model(saved_model, work)),
@@ -503,7 +597,8 @@ def run() -> dict:
         "request_logging": {k: v for k, v in results["request_logging"].items() if not isinstance(v, dict)}
         | {f"{k}_req_per_s": v["req_per_s"] for k, v in results["request_logging"].items() if isinstance(v, dict)},
         "infer_examples_per_s": results["infer"]["examples_per_s"], "infer_vs_grpc_c16": results["infer_vs_grpc_c16"],
-        "vs_grpc_floor": {k: v for k, v in results["vs_grpc_floor"].items() if k != "rounds"}}]
+        "vs_grpc_floor": {k: v for k, v in results["vs_grpc_floor"].items() if k != "rounds"},
+        "handler_parts_us": results["handler_parts_us"]}]
     for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "loopline_rest", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
@@ -514,6 +609,9 @@ def run() -> dict:
     print(f"  vs the no-model gRPC server (median of {FLOOR_ROUNDS} rounds): p50 +{floor['p50_over_floor_ms_c1']} ms at "
           f"1 client, {floor['req_per_s_fraction_of_floor_c16']:.1%} of its req/s at 16 "
           f"({floor['floor_req_per_s_c16']} req/s)")
+    cpu = floor["server_cpu_us_per_request_c16"]
+    print(f"  server CPU per request at 16 clients: ours {cpu.get('loopline_grpc')} us, the no-model server's "
+          f"{cpu.get('grpc_floor')} us; our code per Predict in process (us): {results['handler_parts_us']}")
     logging = results["request_logging"]
     print(f"  request logging at 16 clients: {logging['sampling_0']['req_per_s']} req/s off, "
           f"{logging['sampling_0.1']['req_per_s']} at 0.1 (cost {logging['cost_at_0.1']:.1%}), "
