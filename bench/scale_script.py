@@ -2,7 +2,19 @@
 with a validation split (the share loopline holds out of its train split,
 trainer.validation_fraction's default) -> `model.export`, the default penguins model's size
 (64-32, a species head and a body-mass head), the encoding inside the model (Normalization,
-StringLookup), one epoch. `python -m bench.scale_script DATA.csv EXPORT_DIR BATCH EPOCHS`."""
+StringLookup), one epoch. `python -m bench.scale_script DATA.csv EXPORT_DIR BATCH EPOCHS`.
+
+`fit` gets tf.data datasets built from the frame, not the arrays themselves, and the validation
+rows are cut off by hand, as `fit(validation_split=...)` cuts them: the last share of the rows as
+given (here after pandas' shuffle), before fit's own shuffling; the training rows are then
+gathered per batch in a new random order each epoch, as fit does with arrays. Why not the arrays:
+Keras 3 passes them whole as one tf.data element per batch (`from_tensors(arrays).repeat()`, then
+a gather), and tf.data's per-element memory accounting (`Tensor::AllocatedBytes`) walks every
+string of a string tensor: each batch costs time in proportion to all the rows, so a run grows
+with the square of the rows (on the scale bench's data: 35 CPU seconds at 1M rows, 89 at 2M,
+still running after 14 CPU minutes at 10M; the symptom is reported upstream as
+keras-team/keras#14915). Here the map function captures the tensors instead of receiving them, and
+a batch costs the same at any size (16 CPU seconds at 1M rows, 26 at 2M, 38 at 4M, 92 at 10M)."""
 from __future__ import annotations
 
 import sys
@@ -22,6 +34,20 @@ def compile_model(keras, model) -> None:
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss={"species": "sparse_categorical_crossentropy", "body_mass_g": "mse"},
                   loss_weights={"species": 1.0, "body_mass_g": 0.5})
+
+
+def batches(tf, columns, batch_size: int, shuffle: bool):
+    """`columns` (a structure of tensors, one row per index) in batches of rows gathered from the
+    tensors the map function captures; a new random order each epoch when `shuffle`."""
+    rows = int(tf.nest.flatten(columns)[0].shape[0])
+    order = tf.data.Dataset.range(rows)
+    if shuffle:  # one permutation per epoch: the map runs again for each new iterator
+        order = tf.data.Dataset.range(1).map(lambda _: tf.random.shuffle(tf.range(rows, dtype=tf.int64))).unbatch()
+
+    def gather(index):
+        return tf.nest.map_structure(lambda column: tf.gather(column, index), columns)
+
+    return order.batch(batch_size).map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def main(data: str, export_dir: str, batch_size: int, epochs: int) -> None:
@@ -51,12 +77,15 @@ def main(data: str, export_dir: str, batch_size: int, epochs: int) -> None:
     model = keras.Model(inputs, model_body(keras, keras.layers.Concatenate()(encoded), len(species)))
     compile_model(keras, model)
     mass_mean, mass_std = frame["body_mass_g"].mean(), frame["body_mass_g"].std()
-    features = {n: frame[n].to_numpy()[:, None] for n in numbers}
-    # fit refuses string (object) arrays from NumPy; it takes them as tensors
-    features.update({n: tf.constant(frame[n].to_numpy()[:, None]) for n in strings})
-    targets = {"species": frame["species"].map({s: i for i, s in enumerate(species)}).to_numpy(),
-               "body_mass_g": ((frame["body_mass_g"] - mass_mean) / mass_std).to_numpy(np.float32)}
-    model.fit(features, targets, batch_size=batch_size, epochs=epochs, validation_split=VALIDATION_FRACTION, verbose=0)
+    features = {n: tf.constant(frame[n].to_numpy(np.float32)[:, None]) for n in numbers}
+    features.update({n: tf.constant(frame[n].to_numpy()[:, None]) for n in strings})  # object arrays -> tf.string
+    targets = {"species": tf.constant(frame["species"].map({s: i for i, s in enumerate(species)}).to_numpy()),
+               "body_mass_g": tf.constant(((frame["body_mass_g"] - mass_mean) / mass_std).to_numpy(np.float32))}
+    split = int(len(frame) * (1.0 - VALIDATION_FRACTION))  # where fit(validation_split=...) cuts
+    train = tf.nest.map_structure(lambda column: column[:split], (features, targets))
+    validation = tf.nest.map_structure(lambda column: column[split:], (features, targets))
+    model.fit(batches(tf, train, batch_size, shuffle=True), epochs=epochs, verbose=0, shuffle=False,  # batches shuffles
+              validation_data=batches(tf, validation, batch_size, shuffle=False))
     model.export(export_dir, verbose=False)
 
 
