@@ -68,19 +68,13 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str, stat
 
 
 def statistics_class_counts(stats, column: str) -> dict[str, int] | None:
-    """A string label's rows per class from a split's statistics (its rank histogram), named as
-    trainer.features.class_name names them; None when the histogram is not exact (its counts do
-    not add up to the column's values: Misra-Gries dropped some, or some are images) or a value
-    is not UTF-8 (the statistics show it replaced), so the caller counts from the examples."""
-    from validation.statistics import common_stats, value_counts
+    """A string label's rows per class from a split's statistics, named as
+    trainer.features.class_name names them ("" is no class); None when the statistics do not
+    hold them exactly (validation.statistics.exact_value_counts), so the caller reads the split."""
+    from validation.statistics import exact_value_counts
 
-    feature = next((f for f in stats.features if f.name == column or list(f.path.step) == [column]), None)
-    if feature is None or feature.WhichOneof("stats") != "string_stats":
-        return None
-    counts = value_counts(feature)
-    if sum(counts.values()) != common_stats(feature).tot_num_values or any("\ufffd" in value for value in counts):
-        return None
-    return {value: int(count) for value, count in counts.items() if value}  # "" is no class (class_name)
+    counts = exact_value_counts(stats, column)
+    return None if counts is None else {value: n for value, n in counts.items() if value}
 
 
 def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config, stats: dict | None = None) -> list:
