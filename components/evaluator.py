@@ -94,13 +94,14 @@ def Evaluator(
 
 def train_label_summaries(statistics, saved_model_dir: str) -> dict:
     """{head: what the trivial model is fitted from} for the heads whose train-split labels the
-    statistics hold exactly: a string label's rows per class (exact rank histogram), a FLOAT
-    label's mean over its finite values. Integer labels and inexact statistics are left out (read)."""
+    statistics hold exactly: a string label's rows per class (exact rank histogram), a numeric
+    label's mean over its finite values (validation.statistics.finite_mean). Integer class labels
+    and inexact statistics are left out (read)."""
     if statistics is None or "train" not in artifact_utils.decode_split_names(statistics.split_names):
         return {}
     from trainer.evaluation import read_signature
     from trainer.heads import CLASSIFICATION
-    from validation.statistics import exact_value_counts, finite_float_mean, read_statistics
+    from validation.statistics import exact_value_counts, finite_mean, read_statistics
 
     train = read_statistics(artifact_utils.get_split_uri([statistics], "train"))
     summaries = {}
@@ -108,7 +109,7 @@ def train_label_summaries(statistics, saved_model_dir: str) -> dict:
         if head.kind == CLASSIFICATION:
             summary = exact_value_counts(train, head.label_column) if head.label_dtype == "string" else None
         else:
-            summary = finite_float_mean(train, head.label_column) if head.label_dtype == "float32" else None
+            summary = finite_mean(train, head.label_column) if head.label_dtype in ("float32", "int64") else None
         if summary is not None:
             summaries[head.name] = summary
     return summaries

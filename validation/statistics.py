@@ -471,13 +471,22 @@ def exact_value_counts(stats: statistics_pb2.DatasetFeatureStatistics, column: s
     return {value: int(count) for value, count in counts.items()}
 
 
-def finite_float_mean(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> float | None:
-    """A FLOAT column's mean (over its finite values, as _Numbers keeps it) when it has finite
-    values and no infinite one (min and max finite); else None."""
+FLOAT32_EXACT_INTEGERS = 2**24  # every integer up to this size is a float32 exactly
+
+
+def finite_mean(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> float | None:
+    """A numeric column's mean over its finite values (as _Numbers keeps it) when it has some and
+    they read the same as float32 (how the trainer parses a label): a FLOAT column without
+    infinities, an INT column within +-2**24; else None."""
     feature = find_feature(stats, column)
-    if feature is None or feature.WhichOneof("stats") != "num_stats" or feature.type != FNS.FLOAT:
+    if feature is None or feature.WhichOneof("stats") != "num_stats" or feature.type not in (FNS.FLOAT, FNS.INT):
         return None
     numbers = feature.num_stats
     quantiles = [h for h in numbers.histograms if h.type == statistics_pb2.Histogram.QUANTILES]
-    has_finite = bool(quantiles and quantiles[0].buckets)  # _quantiles_histogram: buckets only with finite values
-    return float(numbers.mean) if has_finite and np.isfinite(numbers.min) and np.isfinite(numbers.max) else None
+    if not (quantiles and quantiles[0].buckets):  # _quantiles_histogram: buckets only with finite values
+        return None
+    if not (np.isfinite(numbers.min) and np.isfinite(numbers.max)):
+        return None
+    if feature.type == FNS.INT and max(abs(numbers.min), abs(numbers.max)) > FLOAT32_EXACT_INTEGERS:
+        return None
+    return float(numbers.mean)
