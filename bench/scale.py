@@ -492,6 +492,15 @@ def _pair(runs: list[dict]) -> tuple[dict | None, dict | None]:
     return before, after
 
 
+def _columns(runs: list[dict]) -> list[tuple[str, dict]]:
+    """The runs the tables show: before, the measured run before the latest (when there is
+    another one: what the latest changes started from) and after (the latest)."""
+    before, after = _pair(runs)
+    measured = [r for r in runs if _size(r, 1_000_000)]
+    previous = next((r for r in reversed(measured) if r is not before and r is not after), None) if after else None
+    return [(name, run) for name, run in (("before", before), ("previous", previous), ("after", after)) if run]
+
+
 def _cell(value) -> str:
     return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
@@ -524,30 +533,31 @@ def component_table(columns: list[tuple[str, dict | None]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ratio_table(before: dict | None, after: dict | None) -> str:
+def ratio_table(columns: list[tuple[str, dict]]) -> str:
     keys = [*(f"{key}_1m" for key in RATIOS), "example_gen_arrow_vs_stock_1m"]
-    lines = ["| figure | target | before | after |", "|---|---|---|---|"]
+    lines = ["| figure | target | " + " | ".join(name for name, _ in columns) + " |", "|---|---|" + "---|" * len(columns)]
     for key in keys:
-        if any(run and key in run for run in (before, after)):
-            lines.append(f"| `{key}` | {TARGETS.get(key, '')} | "
-                         + " | ".join(_cell(run.get(key)) if run else "" for run in (before, after)) + " |")
+        if any(key in run for _, run in columns):
+            lines.append(f"| `{key}` | {TARGETS.get(key, '')} | " + " | ".join(_cell(run.get(key)) for _, run in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
 def markdown(runs: list[dict]) -> str:
-    """The before/after tables at 1M rows and, from the latest run with 10M rows, its own table."""
-    before, after = _pair(runs)
-    dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in
-                      (("before", before), ("after", after)) if run)
-    out = [f"Runs shown: {dates}.", "", "### Ratios at 1M rows", "", ratio_table(before, after),
+    """The before/previous/after tables at 1M rows (_columns) and, from the latest run with 10M
+    rows, its own table."""
+    columns = _columns(runs)
+    dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in columns)
+    out = [f"Runs shown: {dates}.", "", "### Ratios at 1M rows", "", ratio_table(columns),
            "### Where the time goes, 1M rows", "",
-           component_table([(label, _size(run, 1_000_000) if run else None) for label, run in (("before", before), ("after", after))])]
+           component_table([(label, _size(run, 1_000_000)) for label, run in columns])]
     big = next((r for r in reversed(runs) if _size(r, 10_000_000)), None)
     if big:
         size = _size(big, 10_000_000)
         figures = [f"`{key}` {_cell(big.get(key))}" for key in
                    (*(f"{key}_10m" for key in RATIOS), "peak_rss_10m_vs_1m") if big.get(key) is not None]
-        one_m = _size(big, 1_000_000) or (_size(after, 1_000_000) if after else None)  # else the 1M run it was compared with
+        # Else the 1M run measured last before it (the same code, as its label says).
+        earlier = [r for r in runs[:runs.index(big)] if _size(r, 1_000_000)]
+        one_m = _size(big, 1_000_000) or (_size(earlier[-1], 1_000_000) if earlier else None)
         out += [f"### 10M rows ({big.get('label') or 'run'}, {big['date']} UTC; one round, the training split "
                 f"{size['training_split']})", "", "; ".join(figures) + f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']}).",
                 "", component_table([("1M", one_m), ("10M", size)])]

@@ -6,7 +6,8 @@ The champion is the served version behind the champion's TF Serving label (`loop
 --alias champion` moves the MLflow alias and that label together), else the last pushed version.
 
 Its folder holds `BLESSED` or `NOT_BLESSED` (TFX's convention), `blessing.json` with every
-check, and the model's export report completed with the blessing decision.
+check, the model's export report completed with the blessing decision, and the statistics of the
+candidate's predictions on the eval split (components.eval_predictions, for the baseline).
 """
 
 import json
@@ -15,9 +16,11 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types.standard_artifacts import ExampleAnomalies, Examples, Model, ModelBlessing
+from tfx.types import artifact_utils
+from tfx.types.standard_artifacts import ExampleAnomalies, Examples, ExampleStatistics, Model, ModelBlessing
 from tfx.utils import path_utils
 
+from components.eval_predictions import PredictionSummary
 from components.splits import split_pattern
 from serving.model_config import labelled_or_latest_version
 from serving.signature_call import signature_caller
@@ -33,11 +36,14 @@ def Evaluator(
     model_name: Parameter[str] = "",
     champion_label: Parameter[str] = "",
     anomalies: InputArtifact[ExampleAnomalies] = None,
+    statistics: InputArtifact[ExampleStatistics] = None,
 ) -> None:
     """`evaluator_config` is the `evaluator:` section as JSON; the champion is looked up in
     `serving_root` ("" for none) for `model_name`, by `champion_label` first. When the data
     validation accepted changes to the data (`anomalies`' `accepted_changes`), a champion that
-    cannot read the new data does not refuse the candidate: it is blessed on the thresholds alone."""
+    cannot read the new data does not refuse the candidate: it is blessed on the thresholds alone.
+    With `statistics`, the trivial model is fitted from the train split's where they hold its
+    labels exactly (train_label_summaries), else from the split's labels read again."""
     from trainer.blessing import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
     from trainer.evaluator_config import EvaluatorConfig
@@ -49,9 +55,13 @@ def Evaluator(
     champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
     accepted = anomalies.get_string_custom_property("accepted_changes") if anomalies is not None else ""
     because = f"the data changed on purpose: {accepted}" if accepted else None
+    # The candidate's predictions on the whole split are summarized on the way, for the baseline.
+    predictions = PredictionSummary() if config.eval_examples is None else None
     # The models are called as the server calls them: a Session callable per signature, large batches.
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because,
-                                   open_signature=signature_caller, train_pattern=split_pattern(examples, "train"))
+                                   open_signature=signature_caller, train_pattern=split_pattern(examples, "train"),
+                                   candidate_answers=predictions.add if predictions is not None else None,
+                                   train_labels=train_label_summaries(statistics, candidate))
     log.info("model %s", decision.summary())
 
     import tensorflow as tf
@@ -61,6 +71,8 @@ def Evaluator(
         f.write("")  # GFile creates the file on the first write
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "blessing.json"), "w") as f:
         f.write(json.dumps(decision.to_json(), indent=2))
+    if predictions is not None:
+        predictions.write(blessing, candidate)
     report_path = os.path.join(model.uri, REPORT_JSON)
     if tf.io.gfile.exists(report_path):
         with tf.io.gfile.GFile(report_path) as f:
@@ -78,3 +90,26 @@ def Evaluator(
         blessing.set_float_custom_property(f"eval_{key}", float(value))
     for key, value in decision.trivial.items():  # the floor it was held to (the Registrar logs them)
         blessing.set_float_custom_property(f"trivial_{key}", float(value))
+
+
+def train_label_summaries(statistics, saved_model_dir: str) -> dict:
+    """{head: what the trivial model is fitted from} for the heads whose train-split labels the
+    statistics hold exactly: a string label's rows per class (exact rank histogram), a numeric
+    label's mean over its finite values (validation.statistics.finite_mean). Integer class labels
+    and inexact statistics are left out (read)."""
+    if statistics is None or "train" not in artifact_utils.decode_split_names(statistics.split_names):
+        return {}
+    from trainer.evaluation import read_signature
+    from trainer.heads import CLASSIFICATION
+    from validation.statistics import exact_value_counts, finite_mean, read_statistics
+
+    train = read_statistics(artifact_utils.get_split_uri([statistics], "train"))
+    summaries = {}
+    for head in read_signature(saved_model_dir)[1]:
+        if head.kind == CLASSIFICATION:
+            summary = exact_value_counts(train, head.label_column) if head.label_dtype == "string" else None
+        else:
+            summary = finite_mean(train, head.label_column) if head.label_dtype in ("float32", "int64") else None
+        if summary is not None:
+            summaries[head.name] = summary
+    return summaries

@@ -32,10 +32,12 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def _label_classes(examples, splits: list[str], schema, labels_config: str) -> list:
+def _label_classes(examples, splits: list[str], schema, labels_config: str, stats: dict | None = None) -> list:
     """Each classification label's rows per class and split, by the Trainer's own rules for which
     columns are labels and of which kind (trainer.model) and how a class is named (trainer.features).
-    The statistics cannot tell: they keep no value list for an integer column."""
+    A string label's counts come from the split's statistics (`stats`, by split) when they are
+    exact (statistics_class_counts); otherwise, and for integer labels (the statistics keep no
+    value list for them), the split is read and its classes counted."""
     from serving.signature_names import signature_name
     from trainer.features import compute_stats, kinds_from_schema
     from trainer.heads import CLASSIFICATION
@@ -52,21 +54,36 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str) -> l
     columns = [name for name, kind in heads.items() if kind == CLASSIFICATION]
     if not columns:
         return []
-    only = {column: kinds[column] for column in columns}
-    # One read of each split for every classification label.
-    classes = {split: compute_stats(parsed_batches(split_pattern(examples, split), only), only, classes=columns).classes
-               for split in splits}
-    return [LabelClasses(column, signature_name(column), {split: classes[split][signature_name(column)] for split in splits})
+    classes = {}
+    for split in splits:
+        counted = {column: statistics_class_counts(stats[split], column) if stats and kinds[column] == "string" else None
+                   for column in columns}
+        unread = {column: kinds[column] for column, counts in counted.items() if counts is None}
+        if unread:  # one read of the split for every label the statistics cannot answer for
+            read = compute_stats(parsed_batches(split_pattern(examples, split), unread), unread, classes=list(unread)).classes
+            counted.update({column: read[signature_name(column)] for column in unread})
+        classes[split] = counted
+    return [LabelClasses(column, signature_name(column), {split: classes[split][column] for split in splits})
             for column in columns]
 
 
-def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config) -> list:
+def statistics_class_counts(stats, column: str) -> dict[str, int] | None:
+    """A string label's rows per class from a split's statistics, named as
+    trainer.features.class_name names them ("" is no class); None when the statistics do not
+    hold them exactly (validation.statistics.exact_value_counts), so the caller reads the split."""
+    from validation.statistics import exact_value_counts
+
+    counts = exact_value_counts(stats, column)
+    return None if counts is None else {value: n for value, n in counts.items() if value}
+
+
+def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config, stats: dict | None = None) -> list:
     """_label_classes, or [] with a warning when they cannot be counted; with
     validation.unseen_label_classes=stop that check is a gate, and a gate that cannot check says no."""
     if not labels_config:
         return []
     try:
-        return _label_classes(examples, splits, schema, labels_config)
+        return _label_classes(examples, splits, schema, labels_config, stats)
     except Exception as exc:
         if config.unseen_label_classes == "stop":
             raise RuntimeError(f"validation.unseen_label_classes=stop, but the label classes could not be "
@@ -105,7 +122,7 @@ def ExampleValidator(
     baseline = read_baseline(baseline_dir) if baseline_dir else None  # raises if present but unreadable
     source = schema.get_string_custom_property("source") or ("curated" if baseline is None else "baseline")
     run_schema = load_schema(schema.uri)
-    labels = _checked_label_classes(examples, splits, run_schema, labels_config, config) if examples is not None else []
+    labels = _checked_label_classes(examples, splits, run_schema, labels_config, config, stats) if examples is not None else []
     result = validate_run(stats, run_schema, source, baseline, config, labels)
 
     _record(anomalies, splits, result)

@@ -123,7 +123,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     schema_gen, example_validator, data_gate = _data_validation(config, example_gen, statistics_gen, local_metadata)
     target = tracking_target(config)
-    trainer, evaluator = _training(config, target, example_gen, schema_gen, example_validator)
+    trainer, evaluator = _training(config, target, example_gen, statistics_gen, schema_gen, example_validator)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
                                                            statistics_gen, schema_gen)
@@ -176,7 +176,7 @@ def _data_validation(config: LooplineConfig, example_gen, statistics_gen, local_
     return schema_gen, example_validator, data_gate
 
 
-def _training(config: LooplineConfig, target, example_gen, schema_gen, example_validator):
+def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator):
     """The Trainer (`target`: where its MLflow run goes, None for none), and the Evaluator that
     blesses its model against the champion: the version behind the champion alias's TF Serving
     label, else the last pushed."""
@@ -199,6 +199,7 @@ def _training(config: LooplineConfig, target, example_gen, schema_gen, example_v
         model_name=config.serving.model_name,
         champion_label=config.mlflow.alias_labels.get("champion", ""),
         anomalies=example_validator.outputs["anomalies"],
+        statistics=statistics_gen.outputs["statistics"],  # the trivial model's train labels, where exact
     )
     return trainer, evaluator
 
@@ -221,6 +222,7 @@ def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, s
         pushed_model=pusher.outputs["pushed_model"],
         baseline_dir=data_baseline_dir(config),
         examples=example_gen.outputs["examples"],  # the pushed model's eval predictions, for `loopline monitor`
+        blessing=evaluator.outputs["blessing"],  # ... as the Evaluator summarized them
     )
     # Only what the files hold: the rest of `serving:` (ports, TLS paths) stays out of the spec.
     serving_files = config.serving.model_dump_json(include={"model_name", "num_versions", "batching", "request_log"})

@@ -3,6 +3,8 @@ for integer and string labels alike, as a warning (or, configured, a stopping an
 examples, statistics and schema are made in the test; no pipeline runs."""
 import json
 
+import pytest
+
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 from tfx.types import artifact_utils, standard_artifacts
 
@@ -97,8 +99,6 @@ def test_no_report_when_every_eval_class_was_seen():
 def test_a_label_check_that_cannot_run_stops_only_when_it_is_a_gate(tmp_path, caplog):
     """A module that cannot load: with `warn` the check is skipped with a warning; with `stop` the
     validator fails closed, naming why, instead of passing data it could not check."""
-    import pytest
-
     from components.example_validator import _checked_label_classes
 
     examples, stats = examples_artifact(tmp_path, {"train": rows(6, (0, 1)), "eval": rows(3, (0, 5))})
@@ -111,3 +111,44 @@ def test_a_label_check_that_cannot_run_stops_only_when_it_is_a_gate(tmp_path, ca
     stop = NO_SKEW.model_copy(update={"unseen_label_classes": "stop"})
     with pytest.raises(RuntimeError, match=r"unseen_label_classes=stop, but the label classes could not be checked"):
         _checked_label_classes(examples, ["train", "eval"], schema, wanted, stop)
+
+
+def test_string_label_classes_come_from_exact_statistics_without_reading_the_splits(tmp_path, monkeypatch):
+    """The statistics' rank histogram counts a string label's classes exactly (Misra-Gries below its
+    capacity): the validator takes them from there, the same counts as read from the examples; an
+    integer label (no value list in the statistics) is still read."""
+    import trainer.inputs
+
+    examples, stats = examples_artifact(tmp_path, {"train": rows(60, (0, 1, 2)), "eval": rows(20, (0, 1, 2, 3, 3))})
+    schema = infer_schema(stats["train"], NO_SKEW)
+    wanted = json.dumps({"label": "kind", "label_kind": "auto", "module_file": None})
+    read = _label_classes(examples, ["train", "eval"], schema, wanted)
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the split was read")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer.inputs, "parsed_batches", no_read)
+        from_stats = _label_classes(examples, ["train", "eval"], schema, wanted, stats)
+        assert from_stats == read
+        assert from_stats[0].by_split["eval"] == {"k0": 4, "k1": 4, "k2": 4, "k3": 8}
+        digit = json.dumps({"label": "digit", "label_kind": "classification", "module_file": None})
+        with pytest.raises(AssertionError, match="the split was read"):
+            _label_classes(examples, ["train", "eval"], schema, digit, stats)
+
+
+def test_statistics_that_are_not_exact_are_not_used(tmp_path):
+    """A rank histogram whose counts fall short of the column's values (Misra-Gries dropped some)
+    or that shows a replaced non-UTF-8 value is no answer: the classes are then counted from the
+    examples."""
+    from components.example_validator import statistics_class_counts
+
+    examples, stats = examples_artifact(tmp_path, {"train": rows(6, (0, 1)), "eval": rows(3, (0, 1))})
+    assert statistics_class_counts(stats["train"], "kind") == {"k0": 3, "k1": 3}
+    assert statistics_class_counts(stats["train"], "digit") is None  # numbers: no value list
+    feature = next(f for f in stats["train"].features if f.name == "kind")
+    feature.string_stats.rank_histogram.buckets[0].sample_count -= 1
+    assert statistics_class_counts(stats["train"], "kind") is None
+    feature.string_stats.rank_histogram.buckets[0].sample_count += 1
+    feature.string_stats.rank_histogram.buckets[0].label = "k\ufffd"
+    assert statistics_class_counts(stats["train"], "kind") is None

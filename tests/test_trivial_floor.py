@@ -125,3 +125,49 @@ def test_without_a_train_split_the_floor_refuses(tmp_path):
     assert decision.failed == ["trivial floor not computed: no train split to fit it on"]
     missing = evaluate_and_decide(export_dir, eval_path, None, EvaluatorConfig(), train_pattern=str(tmp_path / "none*"))
     assert not missing.blessed and missing.failed[0].startswith("trivial floor not computed:")
+
+
+def test_the_trivial_model_from_the_train_statistics_is_the_one_fitted_on_the_labels(tmp_path):
+    """Where the train split's statistics hold the labels exactly (a string label's rank histogram,
+    a numeric label's mean over finite values), the Evaluator fits the trivial model from them instead
+    of reading the split again: the same predictions, bit for bit. An infinite label, an integer
+    label or a histogram that is not exact leaves the head to the read."""
+    from trainer.blessing import _trivial_model
+    from validation.statistics import compute_statistics, exact_value_counts, finite_mean
+
+    species = Head("species", CLASSIFICATION, vocabulary=["a", "b", "c"])
+    mass = Head("mass", REGRESSION, mean=0.0, std=2.0, label_dtype="float32")
+    rng = np.random.default_rng(0)
+    train_path = _with_int64_column(write_examples(tmp_path / "train.gz", {
+        "species": np.array(["a", "a", "a", "b", "", "x"] * 50),
+        "mass": np.where(rng.random(300) < 0.1, np.nan, rng.normal(4200.0, 800.0, 300))}),
+        "count", rng.integers(2000, 7000, 300))
+    stats = compute_statistics(train_path, "train")
+    count = Head("count", REGRESSION, mean=0.0, std=1.0, label_dtype="int64")  # an integer label, e.g. grams
+    heads = [species, mass, count]
+    summaries = {"species": exact_value_counts(stats, "species"), "mass": finite_mean(stats, "mass"),
+                 "count": finite_mean(stats, "count")}
+    fitted = TrivialModel.fit(heads, example_batches(train_path, 7, label_kinds(heads)))
+    from_stats = TrivialModel.from_label_summaries(heads, summaries)
+    for name in ("species", "mass", "count"):
+        np.testing.assert_array_equal(from_stats.predictions[name], fitted.predictions[name])
+    assert exact_value_counts(stats, "count") is None and finite_mean(stats, "species") is None
+    big = _with_int64_column(write_examples(tmp_path / "big.gz", {"x": np.array([0.0, 1.0])}), "count",
+                             np.array([1, 2**25]))  # not every value a float32 exactly
+    assert finite_mean(compute_statistics(big, "train"), "count") is None
+    # With every head summarized, the train split is not read (here it is not there at all).
+    model, floor = _trivial_model([species, mass], str(tmp_path / "missing*"), EvaluatorConfig(), summaries)
+    assert floor.problem is None and model.predictions["species"].tolist() == [0.75, 0.25, 0.0]
+    with_infinity = write_examples(tmp_path / "inf.gz", {"mass": np.array([1.0, np.inf, 3.0])})
+    assert finite_mean(compute_statistics(with_infinity, "train"), "mass") is None
+
+
+def _with_int64_column(path: str, name: str, values: np.ndarray) -> str:
+    """Rewrites the records with an int64_list column added (write_examples writes numbers as floats)."""
+    records = list(tf.data.TFRecordDataset(path, compression_type="GZIP").as_numpy_iterator())
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for record, value in zip(records, values):
+            example = tf.train.Example.FromString(record)
+            example.features.feature[name].int64_list.value.append(int(value))
+            writer.write(example.SerializeToString(deterministic=True))
+    return path

@@ -3,7 +3,10 @@ handed to components as JSON (components may run in other processes or pods)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,12 +56,50 @@ def make_client(target: TrackingTarget) -> MlflowClient:
 def _open_embedded_store(uri: str, db_file: Path) -> MlflowClient:
     """MLflow creates a SQLite store's tables when a process first opens it, and two processes
     doing that at once fail one (`table _alembic_tmp_experiments already exists`): the first
-    opening of both stores (tracking and registry) happens under an OS lock beside the file."""
+    opening of both stores (tracking and registry) happens under an OS lock beside the file.
+    A new store starts as a copy of the empty one MLflow made for this MLflow version
+    (empty_store_template), which MLflow then opens as usual (it checks the schema's revision)."""
     db_file.parent.mkdir(parents=True, exist_ok=True)
     with portalocker.Lock(f"{db_file}.lock", timeout=STORE_LOCK_TIMEOUT_S):
+        if not db_file.exists():
+            template = empty_store_template()
+            if template is not None:
+                shutil.copyfile(template, db_file)
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         client.search_registered_models(max_results=1)  # the registry's store opens on first use
     return client
+
+
+def template_dir() -> Path:
+    """Where the empty store templates are kept: $LOOPLINE_CACHE_DIR, else the user's cache folder."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loopline"
+    return Path(os.environ.get("LOOPLINE_CACHE_DIR") or default)
+
+
+def empty_store_template() -> Path | None:
+    """An empty SQLite store with MLflow's tables, made by MLflow itself (its initial tables and
+    every Alembic migration, about a hundred: seconds of CPU) once per MLflow version and kept
+    in template_dir(); each new store is a copy. None when the folder cannot be written: MLflow
+    then makes the new store's tables itself."""
+    import mlflow
+    from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
+
+    template = template_dir() / f"mlflow-{mlflow.__version__}-empty-store.db"
+    if template.exists():
+        return template
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=template.parent) as tmp:
+            made = Path(tmp) / template.name
+            engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{made}")
+            _initialize_tables(engine)
+            engine.dispose()
+            os.replace(made, template)  # whole or not at all, also when two processes make it at once
+    except OSError as exc:
+        logging.getLogger("loopline.tracking").info("no empty store template in %s (%s): MLflow creates the tables",
+                                                    template.parent, exc)
+        return None
+    return template
 
 
 def ensure_experiment(client: MlflowClient, target: TrackingTarget) -> str:

@@ -81,7 +81,8 @@ class Actions:
         self.eval_every = config.eval_every_steps or run.steps_per_epoch
         self.hist_every = config.histogram_every_steps
         self.evaluation = self._evaluation(run.selection_data)  # the validation rows (or the eval split)
-        self.final_evaluation = self.evaluation if run.selection_data is run.eval_data else self._evaluation(run.eval_data)
+        # The eval split's evaluation at the end: the periodic one's traced step where the specs agree.
+        self.final_evaluation = self.evaluation if run.selection_data is run.eval_data else self.evaluation.on(run.eval_data)
         self.selection = run.selection
         self.stopping = EarlyStopping(run.selection.best if run.selection is not None else None, run.patience)
         self.metrics: dict[str, float] = {}

@@ -96,13 +96,16 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
 
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
                         thresholds_only_because: str | None = None,
-                        open_signature: OpenSignature = eager_signature, train_pattern: str | None = None) -> Blessing:
+                        open_signature: OpenSignature = eager_signature, train_pattern: str | None = None,
+                        candidate_answers=None, train_labels: dict | None = None) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
     the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both
     and to the trivial model fitted on `train_pattern`'s labels (none given: the floor is not
     computed, and the candidate is refused). `open_signature`: how a model's signature is called
     (the Evaluator passes the server's Session callable; the default calls it eagerly).
-    `thresholds_only_because`: see decide()."""
+    `thresholds_only_because`: see decide(); `candidate_answers`: see evaluate_with_champion.
+    `train_labels`: the train split's labels already summarized for some heads
+    (TrivialModel.from_label_summaries); with every head there, the split is not read for them."""
     heads = read_signature(candidate_dir)[1]
     champion_dir = champion_dir if config.compare_to_champion else None
     theirs, mismatch = None, None
@@ -112,20 +115,27 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
     batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
-    trivial, floor = _trivial_model(heads, train_pattern, config)
+    trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
     if trivial is not None:
         batches = trivial.scoring(batches)
     candidate, champion, problem = evaluate_with_champion(
-        candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern)
+        candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
+        candidate_answers=candidate_answers)
     if trivial is not None:
         floor.metrics = trivial.metrics()
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor)
 
 
-def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig) -> tuple[TrivialModel | None, Floor]:
+def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig,
+                   train_labels: dict) -> tuple[TrivialModel | None, Floor]:
     """The trivial model fitted on the train split's labels, or None with the reason in the Floor."""
     if not heads:
         return None, Floor()
+    if all(h.name in train_labels for h in heads):
+        try:
+            return TrivialModel.from_label_summaries(heads, train_labels), Floor(heads)
+        except ValueError as exc:
+            return None, Floor(heads, problem=f"{train_pattern}: {type(exc).__name__}: {exc}")
     if train_pattern is None:
         return None, Floor(heads, problem="no train split to fit it on")
     try:

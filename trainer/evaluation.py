@@ -117,13 +117,20 @@ class RunningEvaluation:
     def close(self) -> None:
         self._open.close()
 
-    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> None:
-        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here."""
+    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here.
+        Returns the signature's answer."""
         if labels is None:
             labels = parse_examples(tf.constant(batch), self.label_kinds)
         out = self._call({names.INPUTS: batch})
         self._totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
                          {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads})
+        return out
+
+    @property
+    def output_keys(self) -> dict[str, str]:
+        """Each head's output in the signature's answer."""
+        return dict(self._keys)
 
     def metrics(self) -> dict[str, float]:
         return self._totals.metrics()
@@ -131,13 +138,16 @@ class RunningEvaluation:
 
 def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[Batch],
                            open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
-                           champion_heads: list[Head] | None = None,
-                           source: str = "the examples") -> tuple[dict[str, float], dict[str, float] | None, str | None]:
+                           champion_heads: list[Head] | None = None, source: str = "the examples",
+                           candidate_answers: Callable | None = None,
+                           ) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
     failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
     the candidate's evaluation goes on. `batches`' labels are the candidate's label_kinds (a champion
-    parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages."""
+    parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages.
+    `candidate_answers(answer, rows, candidate)`: called with the candidate's answer to each batch
+    (the RunningEvaluation last, for its heads and output_keys)."""
     with ExitStack() as stack:
         candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads)
         stack.callback(candidate.close)
@@ -150,7 +160,9 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
         rows = 0
         for batch, labels in batches:
-            candidate.add(batch, labels)
+            answer = candidate.add(batch, labels)
+            if candidate_answers is not None:
+                candidate_answers(answer, len(batch), candidate)
             if champion is not None:
                 try:
                     champion.add(batch, labels if champion.label_kinds == candidate.label_kinds else None)

@@ -216,6 +216,7 @@ def _decode_images(name: str, values: tf.RaggedTensor, shape: tuple[int, ...]) -
     return tf.map_fn(decode, blobs, fn_output_signature=tf.TensorSpec(shape, tf.float32))
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
     """Parses a batch of serialized tf.Examples into dense tensors, `[batch] + feature_shape(kind)`,
     keyed by each column's `signature_name` (the name the model and its signatures use)."""

@@ -53,6 +53,7 @@ class Head:
         # Predict in the label's units; the loss divides by std again, so it trains on z-scores.
         return keras.layers.Rescaling(self.std, offset=self.mean, dtype="float32", name=self.name)(raw)
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def encode_label(self, values: tf.Tensor) -> tf.Tensor:
         """Raw label column (`[batch, 1]`) to training targets (`[batch]`)."""
         if self.kind == CLASSIFICATION:
@@ -68,6 +69,7 @@ class Head:
             return tf.where(found, index, tf.where(tf.equal(values, ""), MISSING_LABEL, UNSEEN_LABEL))
         return tf.reshape(tf.cast(values, tf.float32), [-1])
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def per_example_loss(self, target: tf.Tensor, prediction: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns (loss per example with masked ones zeroed, mask as float)."""
         if self.kind == CLASSIFICATION:
@@ -116,6 +118,7 @@ class HeadTotals:
         for key, value in sums.items():
             self._add(key, value)
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def batch_sums(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """One batch's sums; traceable, so an evaluation step can compute them with its predictions."""
         sums = {}

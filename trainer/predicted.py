@@ -50,6 +50,12 @@ def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head]) -> pa
     return pa.RecordBatch.from_pydict(dict(sorted(columns.items())))
 
 
+def signature_columns(outputs: dict[str, np.ndarray], rows: int, heads: list[Head], keys: dict[str, str]) -> pa.RecordBatch:
+    """predicted_columns of a tf.Example signature's answer for `rows` examples (`keys`: each
+    head's output in it, trainer.evaluation.evaluation_signature)."""
+    return predicted_columns({h.name: outputs[keys[h.name]].reshape(rows, -1) for h in heads}, heads)
+
+
 def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signature: OpenSignature,
                             batch_size: int = 4096):
     """The exported model's predictions on the eval split, as predicted_columns batches, streamed
@@ -59,5 +65,4 @@ def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signat
     signature, keys = evaluation_signature(description.get("layout", 1), heads)
     with open_signature(saved_model_dir, signature) as call:
         for batch in record_dataset(eval_pattern).batch(batch_size).prefetch(1).as_numpy_iterator():
-            outputs = call({names.INPUTS: batch})
-            yield predicted_columns({h.name: outputs[keys[h.name]].reshape(len(batch), -1) for h in heads}, heads)
+            yield signature_columns(call({names.INPUTS: batch}), len(batch), heads, keys)

@@ -3,6 +3,7 @@
 older per-batch `metrics(targets, outputs)`, and `weighted_loss` when it weights its heads."""
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import keras
@@ -38,6 +39,16 @@ class SplitEvaluation:
         self.batch_metrics = batch_metrics  # legacy: batch means, weighted by batch size
         self.loss_weights = loss_weights  # (step, losses, model) -> {head: weight}
         self.step = tf.function(self._step, input_signature=list(dataset.element_spec))
+
+    def on(self, dataset: tf.data.Dataset) -> "SplitEvaluation":
+        """The same evaluation of another split: it shares this one's traced step (and its metric
+        objects, reset at each call) when the split's elements have the same spec, so the step is
+        traced once; otherwise a new evaluation, traced for that spec."""
+        if dataset.element_spec != self.dataset.element_spec:
+            return SplitEvaluation(self.model, self.heads, dataset, self.metrics, self.batch_metrics, self.loss_weights)
+        other = copy.copy(self)
+        other.dataset = dataset
+        return other
 
     def _step(self, features, targets):
         outputs = self.model(features, training=False)

@@ -16,6 +16,7 @@ from trainer.step_context import HELPER_KEYS, StepContext
 from trainer.updates import apply_update
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf.Tensor]:
     """Each head's loss over this replica's share of the global batch. Unlabeled examples count
     zero; dividing by the global batch makes the sum over replicas the mean (divided once)."""
@@ -26,6 +27,7 @@ def head_losses(heads, targets, outputs, global_batch_size: int) -> dict[str, tf
     return losses
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def accuracy_counts(heads, targets, outputs) -> dict[str, tf.Tensor]:
     """Correct and labelled examples of each classification head (training accuracy, summed)."""
     counts = {}

@@ -48,6 +48,23 @@ class TrivialModel:
             raise ValueError(f"no labelled rows for {empty} in the train split")
         return cls(heads, {name: (sums[name] / counts[name]).astype(np.float32) for name in sums})
 
+    @classmethod
+    def from_label_summaries(cls, heads: list[Head], summaries: dict[str, dict[str, int] | float]) -> "TrivialModel":
+        """The same model from the train split's labels as already summarized, by head name: a
+        classification head's rows per class (exact counts), a regression head's mean over its
+        finite labels (float64). Raises as fit() does when a head has no labelled row."""
+        predictions = {}
+        for head in heads:
+            summary = summaries[head.name]
+            if head.kind == CLASSIFICATION:
+                counts = np.array([summary.get(value, 0) for value in head.vocabulary], np.float64)
+                if not counts.sum():
+                    raise ValueError(f"no labelled rows for {[head.name]} in the train split")
+                predictions[head.name] = (counts / counts.sum()).astype(np.float32)
+            else:
+                predictions[head.name] = np.array([summary], np.float64).astype(np.float32)
+        return cls(heads, predictions)
+
     def scoring(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """Passes the batches on, scoring the constant predictions against each one's labels on the way
         (so the eval split is read once for the candidate, the champion and this floor)."""

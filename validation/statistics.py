@@ -452,3 +452,41 @@ def common_stats(feature: statistics_pb2.FeatureNameStatistics) -> statistics_pb
 def value_counts(feature: statistics_pb2.FeatureNameStatistics) -> dict[str, float]:
     """A string feature's values and their counts (from the rank histogram)."""
     return {b.label: b.sample_count for b in feature.string_stats.rank_histogram.buckets}
+
+
+def find_feature(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> statistics_pb2.FeatureNameStatistics | None:
+    return next((f for f in stats.features if f.name == column or list(f.path.step) == [column]), None)
+
+
+def exact_value_counts(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> dict[str, int] | None:
+    """A string column's values and their counts, when the rank histogram holds them exactly (its
+    counts add up to the column's values: Misra-Gries dropped none, no value was an image) and
+    every value is UTF-8 (none shows the replacement character); else None."""
+    feature = find_feature(stats, column)
+    if feature is None or feature.WhichOneof("stats") != "string_stats":
+        return None
+    counts = value_counts(feature)
+    if sum(counts.values()) != common_stats(feature).tot_num_values or any("\ufffd" in value for value in counts):
+        return None
+    return {value: int(count) for value, count in counts.items()}
+
+
+FLOAT32_EXACT_INTEGERS = 2**24  # every integer up to this size is a float32 exactly
+
+
+def finite_mean(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> float | None:
+    """A numeric column's mean over its finite values (as _Numbers keeps it) when it has some and
+    they read the same as float32 (how the trainer parses a label): a FLOAT column without
+    infinities, an INT column within +-2**24; else None."""
+    feature = find_feature(stats, column)
+    if feature is None or feature.WhichOneof("stats") != "num_stats" or feature.type not in (FNS.FLOAT, FNS.INT):
+        return None
+    numbers = feature.num_stats
+    quantiles = [h for h in numbers.histograms if h.type == statistics_pb2.Histogram.QUANTILES]
+    if not (quantiles and quantiles[0].buckets):  # _quantiles_histogram: buckets only with finite values
+        return None
+    if not (np.isfinite(numbers.min) and np.isfinite(numbers.max)):
+        return None
+    if feature.type == FNS.INT and max(abs(numbers.min), abs(numbers.max)) > FLOAT32_EXACT_INTEGERS:
+        return None
+    return float(numbers.mean)
