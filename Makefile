@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 CONFIG ?= loopline.yaml
 BENCH ?= all
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the suite is mostly one busy core per test, and CI has two.
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run test serve bench docs clean
 
@@ -39,7 +42,7 @@ serve: setup
 	$(VENV)/bin/loopline serve --config $(CONFIG)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m bench --only $(BENCH)
