@@ -78,7 +78,7 @@ FIGURES = [
     Figure("TFLite float32 weight bytes vs the SavedModel's", "tflite", "models.tflite_float32.weight_bytes_vs_saved_model"),
     Figure("TFLite float16 weight bytes vs the SavedModel's", "tflite", "models.tflite_float16.weight_bytes_vs_saved_model"),
     Figure("TFLite int8 weight bytes vs the SavedModel's", "tflite", "models.tflite_int8.weight_bytes_vs_saved_model"),
-    Figure("`loopline run` vs a bare script (pandas -> `fit` -> `export`), 1M rows, 1 epoch, CPU seconds (process and "
+    Figure("`loopline run` vs a bare script (pandas -> tf.data -> `fit` -> `export`), 1M rows, 1 epoch, CPU seconds (process and "
            "children), median of 3 interleaved rounds", "scale", "pipeline_vs_script_cpu_1m", target="<= 1.5", readme=True,
            runs_with=ONE_M),
     Figure("`loopline run` vs a lean script (pandas one-hot outside the model -> `fit` -> `export`), 1M rows, CPU seconds, "

@@ -559,7 +559,8 @@ def markdown(runs: list[dict]) -> str:
         earlier = [r for r in runs[:runs.index(big)] if _size(r, 1_000_000)]
         one_m = _size(big, 1_000_000) or (_size(earlier[-1], 1_000_000) if earlier else None)
         out += [f"### 10M rows ({big.get('label') or 'run'}, {big['date']} UTC; one round, the training split "
-                f"{size['training_split']})", "", "; ".join(figures) + f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']}).",
+                f"{size['training_split']})", "", "; ".join(figures) + (f" (target for the RSS: {TARGETS['peak_rss_10m_vs_1m']})"
+                                     if big.get("peak_rss_10m_vs_1m") is not None else "") + ".",
                 "", component_table([("1M", one_m), ("10M", size)])]
     return "\n".join(out)
 
