@@ -41,8 +41,9 @@ def batches(tf, columns, batch_size: int, shuffle: bool):
     tensors the map function captures; a new random order each epoch when `shuffle`."""
     rows = int(tf.nest.flatten(columns)[0].shape[0])
     order = tf.data.Dataset.range(rows)
-    if shuffle:  # one permutation per epoch: the map runs again for each new iterator
-        order = tf.data.Dataset.range(1).map(lambda _: tf.random.shuffle(tf.range(rows, dtype=tf.int64))).unbatch()
+    if shuffle:  # one permutation per epoch, from a seed drawn anew for each iterator (also under a global seed)
+        order = tf.data.Dataset.random(rerandomize_each_iteration=True).take(1).map(
+            lambda seed: tf.random.experimental.stateless_shuffle(tf.range(rows, dtype=tf.int64), [seed, 0])).unbatch()
 
     def gather(index):
         return tf.nest.map_structure(lambda column: tf.gather(column, index), columns)
