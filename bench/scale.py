@@ -430,8 +430,9 @@ TARGETS = {"pipeline_vs_script_cpu_1m": "<= 1.5 (moonshot 1.2)", "pipeline_vs_le
            "memory_growth": "<= 1.25 for StatisticsGen and Evaluator, largest size over smallest"}
 
 
-def headline(results: list[dict]) -> dict:
-    """The ratios at 1M and 10M rows, the 10M run's peak RSS over the 1M run's, the ExampleGen pair."""
+def headline(results: list[dict], earlier: list[dict] = ()) -> dict:
+    """The ratios at 1M and 10M rows, the 10M run's peak RSS over the 1M run's (of this invocation,
+    else of the latest earlier run that measured 1M rows, named), the ExampleGen pair."""
     by_rows = {r["rows"]: r for r in results}
     out = {}
     for rows, suffix in ((1_000_000, "1m"), (10_000_000, "10m")):
@@ -439,8 +440,14 @@ def headline(results: list[dict]) -> dict:
             out.update({f"{key}_{suffix}": by_rows[rows][key] for key in RATIOS})
     if 10_000_000 in by_rows:
         out["training_split_10m"] = by_rows[10_000_000]["training_split"]
-        if 1_000_000 in by_rows:
-            out["peak_rss_10m_vs_1m"] = round(by_rows[10_000_000]["peak_rss_mb"] / by_rows[1_000_000]["peak_rss_mb"], 2)
+        one_m = by_rows.get(1_000_000)
+        if one_m is None:
+            source = next((r for r in reversed(earlier) if _size(r, 1_000_000)), None)
+            if source is not None:
+                one_m = _size(source, 1_000_000)
+                out["peak_rss_1m_from"] = f"{source.get('label') or 'run'} of {source['date']}"
+        if one_m is not None:
+            out["peak_rss_10m_vs_1m"] = round(by_rows[10_000_000]["peak_rss_mb"] / one_m["peak_rss_mb"], 2)
     if by_rows.get(1_000_000, {}).get("example_gen"):
         out["example_gen_arrow_vs_stock_1m"] = by_rows[1_000_000]["example_gen"]["arrow_vs_stock"]
     return out
@@ -455,7 +462,7 @@ def run() -> dict:
         return size["components"].get(node, {}).get("memory_mb")
 
     return {
-        **headline(results),
+        **headline(results, read_runs()),
         "label": os.environ.get("BENCH_LABEL", ""),
         "memory_growth": {
             "sizes": [small["rows"], large["rows"]],

@@ -72,6 +72,18 @@ def test_the_10m_figures_compare_with_the_1m_run_of_the_same_invocation():
     assert figures["peak_rss_10m_vs_1m"] == 1.4
     assert figures["training_split_10m"] == "streamed"
     assert {"pipeline_vs_script_cpu_1m", "pipeline_vs_lean_script_cpu_1m", "pipeline_vs_script_cpu_10m"} <= set(figures)
+    assert "peak_rss_1m_from" not in figures
+
+
+def test_a_10m_only_run_compares_its_rss_with_the_latest_earlier_1m_run():
+    ten = {"rows": 10_000_000, "peak_rss_mb": 1800, "training_split": "streamed", "example_gen": None,
+           **{key: 1.0 for key in scale.RATIOS}}
+    earlier = [{"label": "old", "date": "d1", "sizes": [{"rows": 1_000_000, "rounds": [], "peak_rss_mb": 900}]},
+               {"label": "new", "date": "d2", "sizes": [{"rows": 1_000_000, "rounds": [], "peak_rss_mb": 1500}]},
+               {"label": "10M only", "date": "d3", "sizes": [{"rows": 10_000_000, "rounds": [], "peak_rss_mb": 1}]}]
+    figures = scale.headline([ten], earlier)
+    assert figures["peak_rss_10m_vs_1m"] == 1.2 and figures["peak_rss_1m_from"] == "new of d2"
+    assert "peak_rss_10m_vs_1m" not in scale.headline([ten], earlier[2:])  # no 1M run to compare with
 
 
 def test_the_docs_show_the_tables_generated_from_the_results():
