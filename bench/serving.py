@@ -195,7 +195,10 @@ def handler_parts(serving_root: Path) -> dict:
         request, context = predict_request(), Context()
         handler = PredictionServicer(server.manager, server.metrics)
         with server.manager.resolve(request.model_spec) as servable:
-            arrays = {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs}
+            def parse():
+                return {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs}
+
+            arrays = parse()
             outputs = servable.run("predict_raw", arrays)
 
             def response():
@@ -203,7 +206,7 @@ def handler_parts(serving_root: Path) -> dict:
                 for name, array in outputs.items():
                     from_numpy(array, answer.outputs[name], as_fields=True)
 
-            parts = {"parse": lambda: {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs},
+            parts = {"parse": parse,
                      "model": lambda: servable.run("predict_raw", arrays), "response": response,
                      "predict_on": lambda: predict_on(servable, request, False),
                      "grpc_handler": lambda: handler.Predict(request, context)}
@@ -536,9 +539,9 @@ RESULTS_FILE = Path(__file__).resolve().parent / "results" / "serving.json"
 
 
 def previous_runs(path: Path = RESULTS_FILE) -> list:
-    """The headline entries of the runs so far, one per run (by its `at`). Each whole result in
-    the file carries its own `runs` list; older ones also hold whole earlier results there, which
-    are not copied again (copied, the file doubled with every run)."""
+    """The headline entries of the runs so far, one per run (by its `at`), from the `runs` list each
+    whole result in the file carries. Only headline entries are carried on: a whole earlier result
+    nested there (as this bench once did) is skipped, or the file doubles with every run."""
     try:
         results = json.loads(path.read_text()).get("runs", [])
     except (OSError, ValueError):
