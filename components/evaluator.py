@@ -101,13 +101,13 @@ def train_label_summaries(statistics, saved_model_dir: str) -> dict:
         return {}
     from trainer.evaluation import read_signature
     from trainer.heads import CLASSIFICATION
-    from validation.statistics import exact_value_counts, finite_mean, read_statistics
+    from validation.statistics import exact_class_counts, finite_mean, read_statistics
 
     train = read_statistics(artifact_utils.get_split_uri([statistics], "train"))
     summaries = {}
     for head in read_signature(saved_model_dir)[1]:
         if head.kind == CLASSIFICATION:
-            summary = exact_value_counts(train, head.label_column) if head.label_dtype == "string" else None
+            summary = exact_class_counts(train, head.label_column) if head.label_dtype == "string" else None
         else:
             summary = finite_mean(train, head.label_column) if head.label_dtype in ("float32", "int64") else None
         if summary is not None:

@@ -36,7 +36,7 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str, stat
     """Each classification label's rows per class and split, by the Trainer's own rules for which
     columns are labels and of which kind (trainer.model) and how a class is named (trainer.features).
     A string label's counts come from the split's statistics (`stats`, by split) when they are
-    exact (statistics_class_counts); otherwise, and for integer labels (the statistics keep no
+    exact (validation.statistics.exact_class_counts); otherwise, and for integer labels (the statistics keep no
     value list for them), the split is read and its classes counted."""
     from serving.signature_names import signature_name
     from trainer.features import compute_stats, kinds_from_schema
@@ -44,6 +44,7 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str, stat
     from trainer.inputs import parsed_batches
     from trainer.model import declared_head_kinds, head_kinds, label_names, load_module, module_for_data
     from validation.labels import LabelClasses
+    from validation.statistics import exact_class_counts
 
     wanted = json.loads(labels_config)
     kinds = kinds_from_schema(schema)
@@ -56,7 +57,7 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str, stat
         return []
     classes = {}
     for split in splits:
-        counted = {column: statistics_class_counts(stats[split], column) if stats and kinds[column] == "string" else None
+        counted = {column: exact_class_counts(stats[split], column) if stats and kinds[column] == "string" else None
                    for column in columns}
         unread = {column: kinds[column] for column, counts in counted.items() if counts is None}
         if unread:  # one read of the split for every label the statistics cannot answer for
@@ -65,16 +66,6 @@ def _label_classes(examples, splits: list[str], schema, labels_config: str, stat
         classes[split] = counted
     return [LabelClasses(column, signature_name(column), {split: classes[split][column] for split in splits})
             for column in columns]
-
-
-def statistics_class_counts(stats, column: str) -> dict[str, int] | None:
-    """A string label's rows per class from a split's statistics, named as
-    trainer.features.class_name names them ("" is no class); None when the statistics do not
-    hold them exactly (validation.statistics.exact_value_counts), so the caller reads the split."""
-    from validation.statistics import exact_value_counts
-
-    counts = exact_value_counts(stats, column)
-    return None if counts is None else {value: n for value, n in counts.items() if value}
 
 
 def _checked_label_classes(examples, splits: list[str], schema, labels_config: str, config, stats: dict | None = None) -> list:

@@ -141,14 +141,14 @@ def test_statistics_that_are_not_exact_are_not_used(tmp_path):
     """A rank histogram whose counts fall short of the column's values (Misra-Gries dropped some)
     or that shows a replaced non-UTF-8 value is no answer: the classes are then counted from the
     examples."""
-    from components.example_validator import statistics_class_counts
+    from validation.statistics import exact_class_counts
 
     examples, stats = examples_artifact(tmp_path, {"train": rows(6, (0, 1)), "eval": rows(3, (0, 1))})
-    assert statistics_class_counts(stats["train"], "kind") == {"k0": 3, "k1": 3}
-    assert statistics_class_counts(stats["train"], "digit") is None  # numbers: no value list
+    assert exact_class_counts(stats["train"], "kind") == {"k0": 3, "k1": 3}
+    assert exact_class_counts(stats["train"], "digit") is None  # numbers: no value list
     feature = next(f for f in stats["train"].features if f.name == "kind")
     feature.string_stats.rank_histogram.buckets[0].sample_count -= 1
-    assert statistics_class_counts(stats["train"], "kind") is None
+    assert exact_class_counts(stats["train"], "kind") is None
     feature.string_stats.rank_histogram.buckets[0].sample_count += 1
     feature.string_stats.rank_histogram.buckets[0].label = "k\ufffd"
-    assert statistics_class_counts(stats["train"], "kind") is None
+    assert exact_class_counts(stats["train"], "kind") is None

@@ -471,6 +471,13 @@ def exact_value_counts(stats: statistics_pb2.DatasetFeatureStatistics, column: s
     return {value: int(count) for value, count in counts.items()}
 
 
+def exact_class_counts(stats: statistics_pb2.DatasetFeatureStatistics, column: str) -> dict[str, int] | None:
+    """A string label's rows per class, named as trainer.features.class_name names them ("" is no
+    class), when the statistics hold them exactly (exact_value_counts); else None (read the split)."""
+    counts = exact_value_counts(stats, column)
+    return None if counts is None else {value: n for value, n in counts.items() if value}
+
+
 FLOAT32_EXACT_INTEGERS = 2**24  # every integer up to this size is a float32 exactly
 
 
