@@ -8,6 +8,7 @@ cached artifact. It is still a Beam pipeline (files -> framed tf.Examples per sp
 `pipeline.beam_args` runs it on Dataflow, Flink or Spark. An element is a file or a block's framed
 records, never a row: one step reads, encodes and splits a file block by block, so a runner never
 holds record batches between stages and the memory stays that of a block (csv_records.BLOCK_BYTES).
+The same step summarizes each block's rows for StatisticsGen (components/ingest_statistics.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
+from components import ingest_statistics
 from ingestion import csv_records
 from ingestion.csv_options import CsvOptions
 
@@ -68,11 +70,20 @@ class _EncodeAndSplit(beam.DoFn):
         self._buckets = buckets
 
     def process(self, path: str, types, _every_split_read):
+        from validation.statistics import summarize_batch
+
         for batch in csv_records.read_batches(path, self._names, self._options):
-            frames = csv_records.split_frames(csv_records.encode(batch, types), self._buckets)
-            for name, framed in zip(self._split_names, frames):
+            records, columns = csv_records.encode_with_columns(batch, types)
+            frames, split = csv_records.split_records(records, self._buckets)
+            for index, (name, framed) in enumerate(zip(self._split_names, frames)):
                 if framed:
                     yield beam.pvalue.TaggedOutput(name, framed)
+                    yield beam.pvalue.TaggedOutput(summary_tag(name), summarize_batch(columns.filter(split == index)))
+
+
+def summary_tag(split: str) -> str:
+    """The tag of a split's statistics summaries among _EncodeAndSplit's outputs."""
+    return f"{split}:summary"
 
 
 class _FramedRecordsSink(FileBasedSink):
@@ -118,12 +129,16 @@ def _examples(pipeline, inputs: list[tuple], options: CsvOptions) -> list:
     # read or decoded stops the run before any example is written.
     everything_read = beam.pvalue.AsList([types for *_, types in reads] | "EverySplitRead" >> beam.Flatten())
     return [paths | f"Encode[{label}]" >> beam.ParDo(_EncodeAndSplit(names, resolved, split_names, buckets),
-                                                     beam.pvalue.AsSingleton(types), everything_read).with_outputs(*split_names)
+                                                     beam.pvalue.AsSingleton(types), everything_read)
+            .with_outputs(*split_names, *map(summary_tag, split_names))
             for (label, _, split_names, buckets), (paths, names, resolved, types) in zip(inputs, reads)]
 
 
 class Executor(BaseExampleGenExecutor):
-    """The stock executor's Do, with batch elements from input to files."""
+    """The stock executor's Do, with batch elements from input to files, and each split's
+    statistics computed on the way (components/ingest_statistics.py)."""
+
+    SUMMARIZES = True  # _examples' outputs hold each split's statistics summaries
 
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:
         raise NotImplementedError("reads record batches in GenerateExamplesByBeam")
@@ -135,6 +150,11 @@ class Executor(BaseExampleGenExecutor):
 
     def GenerateExamplesByBeam(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, beam.PCollection]:
         """Framed-record PCollections by output split name."""
+        return {name: tagged[name] for name, tagged in self._tagged(pipeline, exec_properties).items()}
+
+    def _tagged(self, pipeline, exec_properties: dict[str, Any]) -> dict[str, Any]:
+        """By output split name, the tagged outputs that hold its framed records (tagged by its
+        name) and, where SUMMARIZES, its statistics summaries (by summary_tag(name))."""
         input_config = example_gen_pb2.Input()
         proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
         output_config = example_gen_pb2.Output()
@@ -150,11 +170,13 @@ class Executor(BaseExampleGenExecutor):
                 buckets.append(total)
             pattern = os.path.join(input_base, input_config.splits[0].pattern)
             [tagged] = self._examples(pipeline, [("all", pattern, split_names, buckets)], exec_properties)
-            return {name: tagged[name] for name in split_names}
+            return {name: tagged for name in split_names}
         inputs = [(name, os.path.join(input_base, split.pattern), [name], None) for name, split in zip(split_names, input_config.splits)]
-        return {name: tagged[name] for name, tagged in zip(split_names, self._examples(pipeline, inputs, exec_properties))}
+        return dict(zip(split_names, self._examples(pipeline, inputs, exec_properties)))
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:
+        from validation.statistics import SummaryCombineFn
+
         self._log_startup(input_dict, output_dict, exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
         input_config = example_gen_pb2.Input()
@@ -163,9 +185,15 @@ class Executor(BaseExampleGenExecutor):
         proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
         examples.split_names = artifact_utils.encode_split_names(utils.generate_output_split_names(input_config, output_config))
         with self._make_beam_pipeline() as pipeline:
-            for name, framed in self.GenerateExamplesByBeam(pipeline, exec_properties).items():
+            for name, tagged in self._tagged(pipeline, exec_properties).items():
                 prefix = os.path.join(artifact_utils.get_split_uri([examples], name), DEFAULT_TF_RECORD_FILE_NAME)
-                framed | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix))
+                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix))
+                if self.SUMMARIZES:
+                    (tagged[summary_tag(name)]
+                     | f"Statistics[{name}]" >> beam.CombineGlobally(SummaryCombineFn(name))
+                     | f"WriteStatistics[{name}]" >> beam.Map(ingest_statistics.write_split_statistics, examples.uri, name))
+        if self.SUMMARIZES:
+            ingest_statistics.record_files(examples)
         payload_format = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
         if payload_format:
             from tfx.components.util import examples_utils

@@ -32,6 +32,7 @@ class _FilesExecutor(csv_example_gen.Executor):
     """The Arrow CSV executor's Do and files; records read by `read(path)`, batches of records."""
 
     read: Callable[[str], Iterator[list[bytes]]]
+    SUMMARIZES = False  # StatisticsGen reads these examples back
 
     def _examples(self, pipeline, inputs: list[tuple], exec_properties: dict) -> list:
         tagged = []

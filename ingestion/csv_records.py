@@ -283,9 +283,9 @@ def _fixed(values: np.ndarray) -> pa.Array:
     return _arrow(values.astype(values.dtype.newbyteorder("<")).view(np.uint8), np.arange(len(values) + 1, dtype=np.int64) * width)
 
 
-def _payloads(present: pa.Array, kind: ColumnType) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The List message (field 1 and the value) of each present cell, in pieces."""
-    values = _values(present, kind)
+def _payloads(values: pa.Array, kind: ColumnType) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The List message (field 1 and the value) of each present cell, in pieces; `values`: the
+    present cells as their column's tf.Example type (`_values`)."""
     if kind == ColumnType.STRING:
         data, lengths = _binary(values)
         return [_varints(lengths, lead=b"\x0a"), (data, lengths)]
@@ -297,7 +297,7 @@ def _payloads(present: pa.Array, kind: ColumnType) -> list[tuple[np.ndarray, np.
     return [_varints(sizes, lead=b"\x0a"), (data, sizes)]
 
 
-def _entries(name: str, cells: pa.Array, kind: ColumnType) -> list:
+def _entries(name: str, valid: np.ndarray, values: pa.Array | None, kind: ColumnType) -> list:
     """Each row's map entry for this column, in pieces: the name and a Feature with the cell's
     value, an empty list of the column's type for an empty cell, no list for an UNKNOWN column."""
     key = name.encode("utf-8")
@@ -305,10 +305,9 @@ def _entries(name: str, cells: pa.Array, kind: ColumnType) -> list:
     if kind == ColumnType.UNKNOWN:
         body = head + b"\x00"
         return [b"\x0a" + _varint(len(body)) + body]
-    valid = np.asarray(cells.is_valid(), bool) if cells.null_count else np.ones(len(cells), bool)
     payloads = []
-    for data, sizes in _payloads(cells.drop_null(), kind):
-        counts = np.zeros(len(cells), np.int64)
+    for data, sizes in _payloads(values, kind):
+        counts = np.zeros(len(valid), np.int64)
         counts[valid] = sizes  # empty cells: no bytes
         payloads.append((data, counts))
     lists = sum(counts for _, counts in payloads)
@@ -320,9 +319,29 @@ def _entries(name: str, cells: pa.Array, kind: ColumnType) -> list:
 def encode(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> pa.Array:
     """The batch's rows as tf.Examples serialized as protobuf's deterministic serialization writes
     them (the bytes the stock split hashes), one row of a large_binary array per example."""
+    return encode_with_columns(batch, types)[0]
+
+
+def encode_with_columns(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> tuple[pa.Array, pa.RecordBatch]:
+    """`encode`'s examples, and the same examples as tfx-bsl's ExamplesToRecordBatchDecoder
+    decodes them (what statistics are computed from), built from the same typed values: a
+    large_list column of the example's value type per feature, an empty list for an empty cell,
+    a null column for an UNKNOWN one."""
     names = sorted(batch.schema.names, key=lambda n: n.encode("utf-8"))  # protobuf sorts keys bytewise
-    entries = [piece for name in names for piece in _entries(name, batch.column(name), types[name])]
-    return _layout([b"\x0a", _varints(_sizes(entries, batch.num_rows)), *entries], batch.num_rows)
+    entries, columns = [], []
+    for name in names:
+        cells, kind = batch.column(name), types[name]
+        valid = np.asarray(cells.is_valid(), bool) if cells.null_count else np.ones(len(cells), bool)
+        values = None if kind == ColumnType.UNKNOWN else _values(cells.drop_null(), kind)
+        entries += _entries(name, valid, values, kind)
+        if values is None:
+            columns.append(pa.nulls(len(cells)))
+        else:
+            offsets = np.zeros(len(cells) + 1, np.int64)
+            np.cumsum(valid, out=offsets[1:])
+            columns.append(pa.LargeListArray.from_arrays(pa.array(offsets), values))
+    records = _layout([b"\x0a", _varints(_sizes(entries, batch.num_rows)), *entries], batch.num_rows)
+    return records, pa.RecordBatch.from_arrays(columns, names)
 
 
 def _buckets(digests: bytes, total: int) -> np.ndarray:
@@ -352,18 +371,24 @@ def _frames(records: pa.Array, crcs: np.ndarray) -> bytes:
 
 
 def split_frames(records: pa.Array, buckets: list[int] | None) -> list[bytes]:
+    """TFRecord-framed records per output split (see `split_records`)."""
+    return split_records(records, buckets)[0]
+
+
+def split_records(records: pa.Array, buckets: list[int] | None) -> tuple[list[bytes], np.ndarray]:
     """TFRecord-framed records per output split, by the stock ExampleGen's rule: sha256 of the
     serialized example modulo the total hash buckets, each split owning a cumulative range of
-    buckets (cumulative ends in `buckets`; None: one split, all records)."""
+    buckets (cumulative ends in `buckets`; None: one split, all records); and each record's split
+    (its index in `buckets`)."""
     import google_crc32c
 
     rows = records.to_pylist()
     crcs = np.fromiter((google_crc32c.value(r) for r in rows), np.uint32, len(rows))
     if not buckets:
-        return [_frames(records, crcs)]
+        return [_frames(records, crcs)], np.zeros(len(rows), np.int64)
     digests = b"".join([hashlib.sha256(r).digest() for r in rows])
     split = np.searchsorted(np.asarray(buckets), _buckets(digests, buckets[-1]), side="right")
-    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))]
+    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))], split
 
 
 GZIP_LEVEL = 1  # zlib's fastest: about 2.5x faster than Beam's default level 6, files ~20% larger

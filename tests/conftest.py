@@ -46,3 +46,29 @@ def penguins_csv(tmp_path) -> Path:
     target = tmp_path / "penguins.csv"
     shutil.copy(REPO / "data" / "penguins.csv", target)
     return target
+
+
+def run_csv_example_gen(input_base: Path, out: Path, options=None, splits: dict[str, str] | None = None):
+    """The Arrow CSV ExampleGen's executor writing into `out`: one input cut 2:1, or the given
+    input splits; its Examples artifact."""
+    from tfx.components.example_gen import utils
+    from tfx.proto import example_gen_pb2
+    from tfx.types import standard_artifacts
+    from tfx.utils import proto_utils
+
+    from components.csv_example_gen import Executor, custom_config
+    from ingestion.csv_options import CsvOptions
+
+    splits = splits or {"single_split": "*.csv"}
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name=n, pattern=p) for n, p in splits.items()])
+    output_config = utils.make_default_output_config(input_config) if len(splits) == 1 else example_gen_pb2.Output()
+    examples = standard_artifacts.Examples()
+    examples.uri = str(out)
+    Executor().Do({}, {"examples": [examples]}, {
+        "input_base": str(input_base),
+        "input_config": proto_utils.proto_to_json(input_config),
+        "output_config": proto_utils.proto_to_json(output_config),
+        "output_data_format": example_gen_pb2.FORMAT_TF_EXAMPLE,
+        "custom_config": proto_utils.proto_to_json(custom_config(options or CsvOptions())),
+    })
+    return examples

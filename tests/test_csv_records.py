@@ -36,7 +36,7 @@ def _batch(columns: dict[str, list]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({n: pa.array(v, pa.large_string()) for n, v in columns.items()})
 
 
-def test_examples_are_protobufs_deterministic_bytes():
+def _varied_batch() -> tuple[pa.RecordBatch, dict[str, ColumnType]]:
     rng = np.random.default_rng(0)
     rows = 500
     ints = rng.choice([0, 1, -1, 127, 128, 16383, 16384, 2**31, -2**63, 2**63 - 1, 300], rows).astype(object)
@@ -50,14 +50,44 @@ def test_examples_are_protobufs_deterministic_bytes():
         "_": ["+5", "5", " 7", "1_0", "-3"] * (rows // 5),  # Python-only int spellings
     }
     types = {"zeta": T.INT, "Alpha": T.FLOAT, "ratio": T.FLOAT, "note": T.STRING, "é_unicode": T.STRING, "empty": T.UNKNOWN, "_": T.INT}
-    batch = _batch(columns)
-    assert {n: csv_records.column_type(batch.column(n)) for n in columns} == types
+    return _batch(columns), types
+
+
+def test_examples_are_protobufs_deterministic_bytes():
+    batch, types = _varied_batch()
+    assert {n: csv_records.column_type(batch.column(n)) for n in batch.schema.names} == types
     ours = csv_records.encode(batch, types).to_pylist()
     assert ours == _reference(batch, types)
     parsed = tf.train.Example.FromString(ours[1])
-    assert parsed.features.feature["zeta"].int64_list.value == [int(ints[1])]
+    assert parsed.features.feature["zeta"].int64_list.value == [int(batch.column("zeta")[1].as_py())]
     assert parsed.features.feature["note"].WhichOneof("kind") == "bytes_list"
     assert parsed.features.feature["empty"].WhichOneof("kind") is None
+
+
+def test_the_columns_beside_the_examples_are_what_the_decoder_reads_from_them():
+    """What the ExampleGen computes statistics from: tfx-bsl's decoding of the same examples,
+    column for column (types, lists, values to the bit), so the statistics are the same too."""
+    from tfx_bsl.coders import example_coder
+
+    from validation.statistics import summarize_batch, to_statistics
+
+    batch, types = _varied_batch()
+    records, columns = csv_records.encode_with_columns(batch, types)
+    assert records.to_pylist() == csv_records.encode(batch, types).to_pylist()
+    decoded = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records.to_pylist())
+    assert sorted(columns.schema.names) == sorted(decoded.schema.names)
+    for name in columns.schema.names:
+        ours, theirs = columns.column(name), decoded.column(decoded.schema.get_field_index(name))
+        assert ours.type == theirs.type, name
+        if ours.type == pa.null():
+            continue
+        assert ours.value_lengths().to_pylist() == theirs.value_lengths().to_pylist(), name
+        flat_ours, flat_theirs = ours.flatten(), theirs.flatten()
+        if pa.types.is_floating(ours.type.value_type):  # NaN too, bit for bit
+            assert np.array_equal(np.asarray(flat_ours).view(np.uint32), np.asarray(flat_theirs).view(np.uint32)), name
+        else:
+            assert flat_ours.to_pylist() == flat_theirs.to_pylist(), name
+    assert to_statistics("x", *summarize_batch(columns)) == to_statistics("x", *summarize_batch(decoded))
 
 
 def test_a_batch_with_all_cells_empty_and_an_empty_batch():

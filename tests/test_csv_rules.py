@@ -18,7 +18,7 @@ from tfx_bsl.coders.csv_decoder import ColumnType
 
 from ingestion import csv_records
 from ingestion.csv_options import PANDAS_NA_VALUES, CsvError, CsvOptions
-from tests.conftest import REPO, make_config
+from tests.conftest import REPO, make_config, run_csv_example_gen
 
 T = ColumnType
 
@@ -193,29 +193,6 @@ QUIRKY = ("id;sex;age;fare;cabin\n"
                     f"{'' if i % 7 == 0 else f'{i % 13}.5'};{'n/a' if i % 3 else f'C{i} €'}\n" for i in range(90)))
 
 
-def _run_executor(input_base: Path, out: Path, options: CsvOptions, splits: dict[str, str] | None = None):
-    """The Arrow ExampleGen's executor: one input cut 2:1, or the given input splits."""
-    from tfx.components.example_gen import utils
-    from tfx.proto import example_gen_pb2
-    from tfx.types import standard_artifacts
-    from tfx.utils import proto_utils
-
-    from components.csv_example_gen import Executor, custom_config
-
-    splits = splits or {"single_split": "*.csv"}
-    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name=n, pattern=p) for n, p in splits.items()])
-    output_config = utils.make_default_output_config(input_config) if len(splits) == 1 else example_gen_pb2.Output()
-    examples = standard_artifacts.Examples()
-    examples.uri = str(out)
-    Executor().Do({}, {"examples": [examples]}, {
-        "input_base": str(input_base),
-        "input_config": proto_utils.proto_to_json(input_config),
-        "output_config": proto_utils.proto_to_json(output_config),
-        "output_data_format": example_gen_pb2.FORMAT_TF_EXAMPLE,
-        "custom_config": proto_utils.proto_to_json(custom_config(options)),
-    })
-
-
 def _records(pattern: str) -> list[bytes]:
     files = glob.glob(pattern)
     assert files, pattern
@@ -237,7 +214,7 @@ def test_executor_train_conversion_and_statistics_read_the_same(tmp_path, encodi
     types = assert_as_pandas(path, options, frame)
     assert types == {"id": T.INT, "sex": T.STRING, "age": T.INT, "fare": T.FLOAT, "cabin": T.STRING}
 
-    _run_executor(tmp_path / "in", tmp_path / "gen", options)
+    run_csv_example_gen(tmp_path / "in", tmp_path / "gen", options)
     ours = [tf.train.Example.FromString(r) for split in ("train", "eval") for r in _records(str(tmp_path / "gen" / f"Split-{split}" / "*"))]
     assert sorted(e.SerializeToString(deterministic=True) for e in ours) == \
         sorted(e.SerializeToString(deterministic=True) for e in read_ours(path, options)[2])
@@ -273,7 +250,7 @@ def test_the_executor_writes_nothing_from_a_file_that_is_not_utf8(tmp_path):
     write(tmp_path / "in" / "train", "a.csv", b"id,name\n" + b"".join(b"%d,ok\n" % i for i in range(500)))
     data = write(tmp_path / "in" / "eval", "b.csv", b"id,name\n2,ok\n3,Z\xfcrich\n").read_bytes()
     with pytest.raises(Exception, match=rf"b\.csv: line 3, byte offset {data.index(0xfc)}: 0xfc in column 'name' is not valid utf-8"):
-        _run_executor(tmp_path / "in", tmp_path / "gen", CsvOptions(), {"train": "train/*.csv", "eval": "eval/*.csv"})
+        run_csv_example_gen(tmp_path / "in", tmp_path / "gen", CsvOptions(), {"train": "train/*.csv", "eval": "eval/*.csv"})
     assert [p for p in glob.glob(str(tmp_path / "gen" / "**"), recursive=True) if os.path.isfile(p)] == []
 
 

@@ -404,8 +404,8 @@ class ExampleStatistics:
         return to_statistics(name, *self._merged)
 
 
-class StatisticsCombineFn(beam.CombineFn):
-    """A split's statistics from its files (each file summarized where Beam runs it, then merged)."""
+class SummaryCombineFn(beam.CombineFn):
+    """A split's statistics from summaries of its parts (`summarize_batch`'s), merged where Beam runs them."""
 
     def __init__(self, name: str):
         self._name = name
@@ -413,15 +413,22 @@ class StatisticsCombineFn(beam.CombineFn):
     def create_accumulator(self):
         return 0, {}
 
-    def add_input(self, accumulator, path: str):
-        # Batch by batch: a list of the file's batch summaries would grow with the file.
-        return merge_summaries(itertools.chain([accumulator], read_summaries([path])))
+    def add_input(self, accumulator, summary):
+        return merge_summaries([accumulator, summary])
 
     def merge_accumulators(self, accumulators):
         return merge_summaries(accumulators)
 
     def extract_output(self, accumulator) -> statistics_pb2.DatasetFeatureStatistics:
         return to_statistics(self._name, *accumulator)
+
+
+class StatisticsCombineFn(SummaryCombineFn):
+    """A split's statistics from its files (each file summarized where Beam runs it, then merged)."""
+
+    def add_input(self, accumulator, path: str):
+        # Batch by batch: a list of the file's batch summaries would grow with the file.
+        return merge_summaries(itertools.chain([accumulator], read_summaries([path])))
 
 
 def write_statistics(split_dir: str, stats: statistics_pb2.DatasetFeatureStatistics) -> str:
