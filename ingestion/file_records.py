@@ -21,9 +21,10 @@ from apache_beam.io.filesystems import FileSystems
 from tensorflow.core.example import example_pb2
 from tfx_bsl.coders import example_coder
 
+from ingestion.images import looks_like_image
+
 IMAGE_FEATURE = "image"
 LABEL_FEATURE = "label"
-_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")  # as trainer.features.looks_like_image
 
 
 class FormatError(ValueError):
@@ -79,7 +80,7 @@ def image_record(path: str) -> list[bytes]:
     """One example of `<class>/<file>`: the file's bytes in `image`, `<class>` in `label`."""
     with FileSystems.open(path) as f:
         content = f.read()
-    if not content.startswith(_IMAGE_MAGIC):
+    if not looks_like_image(content):
         raise FormatError(f"{path}: not a PNG, JPEG, GIF or BMP image (data.format image_folder)")
     label = posixpath.basename(posixpath.dirname(path.replace("\\", "/")))
     example = example_pb2.Example()

@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ingestion.images import looks_like_image
 from serving.signature_names import signature_name
 
 log = logging.getLogger("loopline.trainer")
@@ -41,7 +42,6 @@ MAX_VOCABULARY = 100  # one-hot values of a list of strings; labels have no cap 
 MAX_ONE_HOT = 30  # a text column with more distinct values goes through a vocabulary lookup and an embedding
 MAX_LOOKUP = 10_000  # the vocabulary of such a column: its most frequent values (the others read as unseen)
 IMAGE = "image"
-_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,6 @@ def kind_from_counts(dtype: str, min_count: int, max_count: int, always_present:
     if min_count == max_count and always_present:
         return f"{dtype}[{max_count}]"
     return f"{dtype}[:{max_count}]"
-
-
-def looks_like_image(value: bytes) -> bool:
-    return value.startswith(_IMAGE_MAGIC)
 
 
 def infer_feature_kinds(file_pattern: str, max_records: int = 1000) -> FeatureKinds:

@@ -29,6 +29,8 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 from tfx_bsl import sketches
 from tfx_bsl.coders import example_coder
 
+from ingestion import images
+
 STATS_FILE = "FeatureStats.pb"  # tfx.components.statistics_gen.executor.DEFAULT_FILE_NAME
 HISTOGRAM_BUCKETS = 10
 TOP_VALUES = 20
@@ -94,15 +96,17 @@ class _Numbers:
         return np.asarray(self.sketch.GetQuantiles(buckets).flatten(), np.float64)
 
 
-_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")  # PNG, JPEG, GIF, BMP (TFDV's image formats)
-
-
 def _is_image(values: pa.Array) -> np.ndarray:
-    starts = [pc.starts_with(values.cast(pa.large_binary()), pattern=magic) for magic in _IMAGE_MAGIC]
-    hits = starts[0]
-    for more in starts[1:]:
-        hits = pc.or_(hits, more)
-    return np.asarray(hits.fill_null(False), bool)
+    """Each value's ingestion.images.looks_like_image, the signatures matched in Arrow; only values
+    with a text-like signature (GIF, BMP) are looked at one by one."""
+    binary = values.cast(pa.large_binary())
+    hits = np.zeros(len(binary), bool)
+    for signature in images.BINARY_SIGNATURES:
+        hits |= np.asarray(pc.starts_with(binary, pattern=signature).fill_null(False), bool)
+    for signature in images.TEXT_SIGNATURES:
+        for i in np.flatnonzero(np.asarray(pc.starts_with(binary, pattern=signature).fill_null(False), bool)):
+            hits[i] = not images.is_text(binary[i].as_py())
+    return hits
 
 
 class _Strings:
