@@ -5,7 +5,6 @@ they hold a NUL or are not UTF-8, as every real GIF or BMP file's header does.""
 
 BINARY_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG: no UTF-8 text starts so
 TEXT_SIGNATURES = (b"GIF87a", b"GIF89a", b"BM")  # GIF, BMP: text may start so
-SIGNATURES = BINARY_SIGNATURES + TEXT_SIGNATURES
 
 
 def is_text(value: bytes) -> bool:
