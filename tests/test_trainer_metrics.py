@@ -20,7 +20,7 @@ from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train
 from trainer.selection import BestMetric
-from trainer.speed import XLA_CPU_MAX_DENSE_FLOPS, XLA_CPU_MIN_STEPS, Speed, resolve_speed
+from trainer.speed import XLA_CPU_MAX_DENSE_FLOPS, Speed, resolve_speed
 
 
 def test_one_direction_rule_for_early_stopping_and_blessing():
@@ -93,15 +93,8 @@ def test_speed_auto_picks_the_fast_settings_where_safe(monkeypatch):
     assert resolve_speed(TrainerConfig(deterministic=True), 1, False, False, 100) == Speed(False, 32)  # no deterministic XLA MaxPoolGrad
     # On CPU, a step whose Dense layers take XLA_CPU_MAX_DENSE_FLOPS or more runs without XLA
     # (it trained faster there); below it, or with oneDNN off (not measured: the old rule), XLA stays on.
-    long_run = XLA_CPU_MIN_STEPS
-    assert resolve_speed(auto, 1, False, False, 100, XLA_CPU_MAX_DENSE_FLOPS, long_run) == Speed(False, 32)
-    assert resolve_speed(auto, 1, False, False, 100, XLA_CPU_MAX_DENSE_FLOPS - 1, long_run) == Speed(True, 32)
-    # On CPU, a run shorter than XLA_CPU_MIN_STEPS does not win back the compile: XLA off; the
-    # run's length is epochs x steps_per_epoch unless given (max_steps).
-    assert resolve_speed(auto, 1, False, False, 100, 10**6, long_run - 1) == Speed(False, 32)
-    assert resolve_speed(auto, 1, False, False, 100, 10**6) == Speed(auto.epochs * 100 >= long_run, 32)
-    assert resolve_speed(auto, 1, False, False, long_run // auto.epochs + 1, 10**6) == Speed(True, 32)
-    assert resolve_speed(auto, 1, False, False, 100, None, 10) == Speed(True, 32)  # not on CPU: no such rule
+    assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(False, 32)
+    assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS - 1) == Speed(True, 32)
     assert resolve_speed(TrainerConfig(jit_compile=True), 1, False, False, 100,
                          cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(True, 32)  # explicit: as asked
     explicit = TrainerConfig(jit_compile=False, steps_per_loop=5)
@@ -122,17 +115,10 @@ def test_config_accepts_auto_or_explicit_speed_settings():
         load_config(None, ["trainer.steps_per_loop=0"])
 
 
-def test_default_run_logs_the_speed_it_chose(tmp_path, caplog, monkeypatch):
+def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
     splits = regression_splits(tmp_path / "data")
-    config = TrainerConfig(epochs=1, validation_fraction=0)  # all 512 rows: 16 steps
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
-        train(config, *splits, "target")
-    assert "XLA off (on CPU a run of 16 steps does not win back XLA's compile time" in caplog.text
-    assert "speed: jit_compile=False (auto), steps_per_loop=16 (auto)" in caplog.text
-    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 16)  # as long a run as that asks for
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
-        train(config, *splits, "target")
+        train(TrainerConfig(epochs=1, validation_fraction=0), *splits, "target")  # all 512 rows: 16 steps
     assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
     assert tf.config.functions_run_eagerly() is False
 
@@ -140,7 +126,6 @@ def test_default_run_logs_the_speed_it_chose(tmp_path, caplog, monkeypatch):
 def test_auto_xla_is_off_on_cpu_for_a_step_of_large_matmuls(tmp_path, caplog, monkeypatch):
     """4 x 1024 Dense layers at batch 256: ~4.8 GFLOP a step, counted from the built model."""
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)  # as a serve command in this process may have set it
-    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 1)  # the run-length rule aside
     splits = regression_splits(tmp_path / "data")
     module = tmp_path / "wide.py"
     module.write_text("import keras\n"
@@ -206,10 +191,8 @@ def build_model(ctx):
 '''
 
 
-def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog, monkeypatch):
+def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog):
     from tests.conftest import REPO
-
-    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 1)  # the run-length rule aside
     from trainer.csv_examples import csv_to_tfrecords
 
     splits = csv_to_tfrecords(str(REPO / "data" / "penguins.csv"), str(tmp_path / "data"))

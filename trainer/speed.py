@@ -18,11 +18,6 @@ log = logging.getLogger("loopline.trainer")
 # 16-128-128 MLP); from 0.1 to 1.7 GFLOP the two were even. "auto" turns XLA off on CPU from
 # this many FLOPs per step in Dense layers (trainer.flops), with oneDNN on (TensorFlow's default).
 XLA_CPU_MAX_DENSE_FLOPS = 10**9
-# XLA compiles the loop's functions once per run, which on CPU cost the penguins model's run about
-# 1.5-2 CPU s more than its faster steps won back in one epoch of 2,082 steps (`loopline run` on 1M
-# rows, XLA off: 1.1 and 2.3 CPU s less in two pairs) and about as much in three epochs (6,246
-# steps: 1.4 and 0.0 less). "auto" leaves XLA off on CPU for a run of fewer steps than this.
-XLA_CPU_MIN_STEPS = 6000
 
 
 @dataclass(frozen=True)
@@ -36,16 +31,12 @@ def onednn_on() -> bool:
     return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() not in ("0", "false")
 
 
-def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_dense_flops: int | None,
-                  total_steps: int) -> list[str]:
+def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_dense_flops: int | None) -> list[str]:
     """Why XLA would not be safe, or not faster, here (empty: it is both)."""
     reasons = []
     if cpu_dense_flops is not None and cpu_dense_flops >= XLA_CPU_MAX_DENSE_FLOPS and onednn_on():
         reasons.append(f"on CPU the step's Dense layers take {cpu_dense_flops / 1e9:.2g} GFLOP, where TensorFlow's "
                        "own oneDNN kernels train faster (trainer.jit_compile=true forces XLA)")
-    if cpu_dense_flops is not None and total_steps < XLA_CPU_MIN_STEPS:
-        reasons.append(f"on CPU a run of {total_steps} steps does not win back XLA's compile time "
-                       f"(from {XLA_CPU_MIN_STEPS}; trainer.jit_compile=true forces XLA)")
     if replicas > 1:
         reasons.append(f"{replicas} replicas (the step all-reduces inside the compiled function)")
     if config.debug:
@@ -58,10 +49,9 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_d
 
 
 def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_step: bool, steps_per_epoch: int,
-                  cpu_dense_flops: int | None = None, total_steps: int | None = None) -> Speed:
+                  cpu_dense_flops: int | None = None) -> Speed:
     """The settings this run uses. `on_cpu`: the replicas are CPU devices. `cpu_dense_flops`: on
-    CPU, the training FLOPs of one step in the model's Dense layers (None: not on CPU).
-    `total_steps`: the run's steps (None: epochs x steps_per_epoch)."""
+    CPU, the training FLOPs of one step in the model's Dense layers (None: not on CPU)."""
     if config.jit_compile is True:
         if replicas > 1 and on_cpu:
             # The step all-reduces gradients inside the compiled function; XLA has no collectives on CPU.
@@ -73,8 +63,7 @@ def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_ste
                              "set trainer.jit_compile to false or auto")
         jit = True
     elif config.jit_compile == "auto":
-        steps = total_steps if total_steps is not None else config.epochs * steps_per_epoch
-        blockers = _jit_blockers(config, replicas, custom_step, cpu_dense_flops, steps)
+        blockers = _jit_blockers(config, replicas, custom_step, cpu_dense_flops)
         jit = not blockers
         if blockers:
             log.info("trainer.jit_compile=auto: XLA off (%s)", "; ".join(blockers))
