@@ -316,10 +316,26 @@ def _entries(name: str, valid: np.ndarray, values: pa.Array | None, kind: Column
     return [b"\x0a", _varints(body), head, _varints(feature), _LIST_TAG[kind], _varints(lists), *payloads]
 
 
+def _typed_columns(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> list[tuple]:
+    """(name, kind, each row's cell present, the present cells as the column's tf.Example type or
+    None for an UNKNOWN column) per column, in the order protobuf writes a map's keys (bytewise)."""
+    typed = []
+    for name in sorted(batch.schema.names, key=lambda n: n.encode("utf-8")):
+        cells, kind = batch.column(name), types[name]
+        valid = np.asarray(cells.is_valid(), bool) if cells.null_count else np.ones(len(cells), bool)
+        typed.append((name, kind, valid, None if kind == ColumnType.UNKNOWN else _values(cells.drop_null(), kind)))
+    return typed
+
+
+def _records(typed: list[tuple], rows: int) -> pa.Array:
+    entries = [piece for name, kind, valid, values in typed for piece in _entries(name, valid, values, kind)]
+    return _layout([b"\x0a", _varints(_sizes(entries, rows)), *entries], rows)
+
+
 def encode(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> pa.Array:
     """The batch's rows as tf.Examples serialized as protobuf's deterministic serialization writes
     them (the bytes the stock split hashes), one row of a large_binary array per example."""
-    return encode_with_columns(batch, types)[0]
+    return _records(_typed_columns(batch, types), batch.num_rows)
 
 
 def encode_with_columns(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> tuple[pa.Array, pa.RecordBatch]:
@@ -327,21 +343,16 @@ def encode_with_columns(batch: pa.RecordBatch, types: dict[str, ColumnType]) -> 
     decodes them (what statistics are computed from), built from the same typed values: a
     large_list column of the example's value type per feature, an empty list for an empty cell,
     a null column for an UNKNOWN one."""
-    names = sorted(batch.schema.names, key=lambda n: n.encode("utf-8"))  # protobuf sorts keys bytewise
-    entries, columns = [], []
-    for name in names:
-        cells, kind = batch.column(name), types[name]
-        valid = np.asarray(cells.is_valid(), bool) if cells.null_count else np.ones(len(cells), bool)
-        values = None if kind == ColumnType.UNKNOWN else _values(cells.drop_null(), kind)
-        entries += _entries(name, valid, values, kind)
+    typed = _typed_columns(batch, types)
+    columns = []
+    for _, _, valid, values in typed:
         if values is None:
-            columns.append(pa.nulls(len(cells)))
+            columns.append(pa.nulls(len(valid)))
         else:
-            offsets = np.zeros(len(cells) + 1, np.int64)
+            offsets = np.zeros(len(valid) + 1, np.int64)
             np.cumsum(valid, out=offsets[1:])
             columns.append(pa.LargeListArray.from_arrays(pa.array(offsets), values))
-    records = _layout([b"\x0a", _varints(_sizes(entries, batch.num_rows)), *entries], batch.num_rows)
-    return records, pa.RecordBatch.from_arrays(columns, names)
+    return _records(typed, batch.num_rows), pa.RecordBatch.from_arrays(columns, [name for name, *_ in typed])
 
 
 def _buckets(digests: bytes, total: int) -> np.ndarray:
