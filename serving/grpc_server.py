@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent import futures
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -12,6 +11,7 @@ from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 from serving import request_ids, service
 from serving.config import ServingConfig
 from serving.errors import ServingError
+from serving.grpc_transport import InlineServer, make_server
 from serving.manager import ModelManager
 from serving.metrics import Metrics
 from serving.options import ServerOptions
@@ -118,12 +118,11 @@ def _server_options(config: ServingConfig, options: ServerOptions) -> list[tuple
 
 
 def start_grpc(manager: ModelManager, metrics: Metrics, config: ServingConfig,
-               options: ServerOptions | None = None) -> tuple[grpc.Server, int | None]:
+               options: ServerOptions | None = None) -> tuple[InlineServer | grpc.Server, int | None]:
     """Starts the server on config.host:config.grpc_port (0 picks a free port) unless
     options.grpc_tcp is off, and on options.grpc_socket_path when set; returns it and the TCP port."""
     options = options or ServerOptions()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="grpc"),
-                         options=_server_options(config, options), maximum_concurrent_rpcs=config.grpc_workers * 32)
+    server = make_server(config.grpc_workers, _server_options(config, options))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(manager, metrics), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager, metrics), server)
     if options.grpc_health_check:
@@ -137,7 +136,7 @@ def start_grpc(manager: ModelManager, metrics: Metrics, config: ServingConfig,
     return server, port
 
 
-def _bind(server: grpc.Server, address: str, config: ServingConfig) -> int:
+def _bind(server: InlineServer | grpc.Server, address: str, config: ServingConfig) -> int:
     try:
         if config.tls_cert:
             with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:

@@ -1,0 +1,212 @@
+"""The inline gRPC server (serving/grpc_transport.py) against grpcio's stock server: the same
+answers, codes and details for the same handlers, through the stock client; its threads run calls
+side by side, and stop() lets running calls finish within the grace and cancels them after."""
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from serving import grpc_transport
+
+SERVICE = "test.Echo"
+
+
+def _parse(data: bytes) -> bytes:
+    if data == b"unparsable":
+        raise ValueError("not a request")
+    return data
+
+
+class Echo(grpc.GenericRpcHandler):
+    """Unary methods whose behaviour the request names; `release` holds the `wait` method."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def service(self, details):
+        method = details.method.rsplit("/", 1)[-1]
+        if details.method.rsplit("/", 1)[0] != f"/{SERVICE}":
+            return None
+        if method == "Lookup":
+            raise RuntimeError("a bug in the lookup")
+        if method == "Stream":
+            return grpc.unary_stream_rpc_method_handler(lambda request, context: iter([request]))
+        behaviour = getattr(self, method, None)
+        return behaviour and grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=_parse)
+
+    def echo(self, request, context):
+        metadata = dict(context.invocation_metadata())
+        context.set_trailing_metadata((("x-echo", metadata.get("x-id", "none")),))
+        return request
+
+    def abort(self, request, context):
+        context.set_trailing_metadata((("x-echo", "aborted"),))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"refused {request.decode()}")
+
+    def abort_ok(self, request, context):
+        context.abort(grpc.StatusCode.OK, "not an error")
+
+    def fail(self, request, context):
+        raise KeyError("boom")
+
+    def wait(self, request, context):
+        self.entered.release()
+        self.release.wait(10)
+        return request
+
+
+def _inline(workers: int):
+    return grpc_transport.InlineServer(workers, [("grpc.so_reuseport", 0)])
+
+
+def _stock(workers: int):
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=[("grpc.so_reuseport", 0)])
+
+
+class Running:
+    def __init__(self, make, workers: int = 4):
+        self.handler = Echo()
+        self.server = make(workers)
+        self.server.add_generic_rpc_handlers((self.handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+
+    def call(self, method: str, request: bytes = b"hi", **kwargs):
+        return self.channel.unary_unary(f"/{SERVICE}/{method}")(request, timeout=10, **kwargs)
+
+    def outcome(self, method: str, request: bytes = b"hi", service: str = SERVICE):
+        """(code, details, trailing metadata, response) of one call."""
+        try:
+            response, call = self.channel.unary_unary(f"/{service}/{method}").with_call(
+                request, timeout=10, metadata=(("x-id", "7"),))
+            return grpc.StatusCode.OK, call.details(), dict(call.trailing_metadata()), response
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details(), dict(exc.trailing_metadata() or ()), None
+
+    def close(self):
+        self.handler.release.set()
+        self.channel.close()
+        self.server.stop(0).wait(10)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    inline, stock = Running(_inline), Running(_stock)
+    yield inline, stock
+    inline.close()
+    stock.close()
+
+
+@pytest.mark.parametrize("method,request_bytes,service", [
+    ("echo", b"hello", SERVICE),
+    ("abort", b"this", SERVICE),
+    ("abort_ok", b"x", SERVICE),
+    ("fail", b"x", SERVICE),
+    ("echo", b"unparsable", SERVICE),
+    ("missing", b"x", SERVICE),
+    ("echo", b"x", "other.Service"),
+    ("Lookup", b"x", SERVICE),
+    ("Stream", b"x", SERVICE),
+])
+def test_answers_as_grpcio_does(servers, method, request_bytes, service):
+    inline, stock = servers
+    got, want = inline.outcome(method, request_bytes, service), stock.outcome(method, request_bytes, service)
+    if method == "Stream":  # the stock server streams; the inline one serves unary methods only
+        assert want[0] == grpc.StatusCode.OK and got[:2] == (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        return
+    assert got == want
+
+
+def test_the_expected_answers(servers):
+    inline, _ = servers
+    assert inline.outcome("echo", b"hello") == (grpc.StatusCode.OK, "", {"x-echo": "7"}, b"hello")
+    assert inline.outcome("abort", b"this")[:3] == (grpc.StatusCode.FAILED_PRECONDITION, "refused this",
+                                                    {"x-echo": "aborted"})
+    assert inline.outcome("fail")[:2] == (grpc.StatusCode.UNKNOWN, "Exception calling application: 'boom'")
+    assert inline.outcome("echo", b"unparsable")[:2] == (grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+    assert inline.outcome("missing")[:2] == (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+    assert inline.outcome("Lookup")[:2] == (grpc.StatusCode.UNKNOWN, "Error in service handler!")
+    assert inline.outcome("echo", b"still served")[3] == b"still served"  # no thread was lost
+
+
+def test_threads_run_calls_side_by_side():
+    running = Running(_inline, workers=2)
+    try:
+        with futures.ThreadPoolExecutor(2) as pool:
+            held = pool.submit(running.call, "wait", b"held")
+            assert running.handler.entered.acquire(timeout=10)
+            assert running.call("echo", b"meanwhile") == b"meanwhile"  # the other thread answers
+            running.handler.release.set()
+            assert held.result(10) == b"held"
+    finally:
+        running.close()
+
+
+def test_one_worker_answers_in_turn():
+    running = Running(_inline, workers=1)
+    try:
+        with futures.ThreadPoolExecutor(2) as pool:
+            held = pool.submit(running.call, "wait", b"held")
+            assert running.handler.entered.acquire(timeout=10)
+            second = pool.submit(running.call, "echo", b"second")
+            with pytest.raises(futures.TimeoutError):
+                second.result(0.5)  # the only thread is busy
+            running.handler.release.set()
+            assert (held.result(10), second.result(10)) == (b"held", b"second")
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize("make", [_inline, _stock], ids=["inline", "stock"])
+def test_stop_finishes_running_calls_within_the_grace(make):
+    running = Running(make, workers=2)
+    with futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(running.call, "wait", b"held")
+        assert running.handler.entered.acquire(timeout=10)
+        stopped = running.server.stop(10)
+        with pytest.raises(grpc.RpcError) as refused:
+            running.call("echo", b"late")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not stopped.is_set()
+        running.handler.release.set()
+        assert held.result(10) == b"held"
+        assert stopped.wait(10)
+    running.channel.close()
+    for thread in getattr(running.server, "_threads", ()):
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("make", [_inline, _stock], ids=["inline", "stock"])
+def test_stop_cancels_running_calls_after_the_grace(make):
+    running = Running(make, workers=2)
+    with futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(running.call, "wait", b"held")
+        assert running.handler.entered.acquire(timeout=10)
+        stopped = running.server.stop(0.2)
+        with pytest.raises(grpc.RpcError) as cancelled:
+            held.result(10)
+        assert (cancelled.value.code(), cancelled.value.details()) == (grpc.StatusCode.UNAVAILABLE,
+                                                                        "Cancelling all calls")
+        running.handler.release.set()
+        assert stopped.wait(10)
+    running.channel.close()
+
+
+def test_without_grpcio_core_the_stock_server_serves(monkeypatch):
+    monkeypatch.setattr(grpc_transport, "cygrpc", None)
+    running = Running(lambda workers: grpc_transport.make_server(workers, [("grpc.so_reuseport", 0)]))
+    try:
+        assert not isinstance(running.server, grpc_transport.InlineServer)
+        assert running.outcome("echo", b"hello") == (grpc.StatusCode.OK, "", {"x-echo": "7"}, b"hello")
+    finally:
+        running.close()
+
+
+def test_make_server_is_inline_here():
+    assert isinstance(grpc_transport.make_server(2, []), grpc_transport.InlineServer)
