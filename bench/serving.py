@@ -440,14 +440,15 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def grpc_floor(concurrency=CONCURRENCY) -> dict:
+def grpc_floor(concurrency=CONCURRENCY, inline: bool = False) -> dict:
     """The same clients against a server that runs no model (bench/grpc_floor.py), pinned to the
-    same core as ours, with the same number of gRPC worker threads."""
+    same core as ours, with the same number of gRPC worker threads; grpcio's stock server, or
+    (`inline`) the transport ours runs on."""
     from serving.config import ServingConfig
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port), str(SERVER_CPU),
-                             str(ServingConfig().grpc_workers)], cwd=REPO, env=_env(),
+                             str(ServingConfig().grpc_workers), *(["inline"] if inline else [])], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         if "serving" not in proc.stdout.readline():
@@ -461,28 +462,35 @@ FLOOR_ROUNDS = 3
 
 
 def against_floor(serving_root: Path) -> dict:
-    """Our gRPC server against the no-model server, at 1 and 16 clients, same settings (both pinned
-    to SERVER_CPU, 32 gRPC workers), alternating FLOOR_ROUNDS times: per round, our p50 over the
-    floor's at 1 client and our req/s over the floor's at 16; the medians of the rounds."""
+    """Our gRPC server against the no-model server (grpcio's stock server: the floor the targets
+    name), at 1 and 16 clients, same settings (pinned to SERVER_CPU, 32 gRPC workers), alternating
+    FLOOR_ROUNDS times: per round, our p50 over the floor's at 1 client and our req/s over the
+    floor's at 16; the medians of the rounds. Each round also measures the no-model server on our
+    own transport (`inline_floor`), which splits what is left into transport and handler."""
     from serving.config import ServingConfig
 
     rounds = []
     for _ in range(FLOOR_ROUNDS):
-        ours_now, floor_now = ours(serving_root), grpc_floor()
-        rounds.append({"loopline_grpc": ours_now, "grpc_floor": floor_now,
+        ours_now, floor_now, inline_now = ours(serving_root), grpc_floor(), grpc_floor(inline=True)
+        rounds.append({"loopline_grpc": ours_now, "grpc_floor": floor_now, "inline_floor": inline_now,
                        "p50_over_floor_ms_c1": round(ours_now["c1"]["p50_ms"] - floor_now["c1"]["p50_ms"], 3),
                        "req_per_s_fraction_c16": round(ours_now["c16"]["req_per_s"] / floor_now["c16"]["req_per_s"], 3)})
-    settings = (f"both pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads, the stock grpcio "
-                "sync server; ours also: " + ", ".join(SERVER_SETTINGS[1:]))
+    settings = (f"all pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads; ours on its inline "
+                "transport (serving/grpc_transport.py), the floor on grpcio's stock server, the inline floor on ours; "
+                "ours also: " + ", ".join(SERVER_SETTINGS[1:]))
     return {"rounds": rounds, **floor_medians(rounds), "settings": settings}
 
 
 def floor_medians(rounds: list[dict]) -> dict:
     """The headline figures: the median over the rounds of each round's difference and ratio; and
     each server's CPU microseconds per request at 16 clients (the median of its rounds)."""
+    sides = [side for side in ("loopline_grpc", "grpc_floor", "inline_floor") if all(side in r for r in rounds)]
     cpu = {side: round(float(np.median([r[side]["c16"]["server_cpu_us_per_request"] for r in rounds])), 1)
-           for side in ("loopline_grpc", "grpc_floor") if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
-    return {"server_cpu_us_per_request_c16": cpu,
+           for side in sides if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
+    inline = {f"inline_floor_{key}": round(float(np.median([r["inline_floor"][c][field] for r in rounds])), 3)
+              for key, c, field in (("p50_ms_c1", "c1", "p50_ms"), ("req_per_s_c16", "c16", "req_per_s"))
+              if "inline_floor" in sides}
+    return {"server_cpu_us_per_request_c16": cpu, **inline,
             "p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
             "req_per_s_fraction_of_floor_c16": round(float(np.median([r["req_per_s_fraction_c16"] for r in rounds])), 3),
             "floor_req_per_s_c16": round(float(np.median([r["grpc_floor"]["c16"]["req_per_s"] for r in rounds])), 1),
@@ -613,8 +621,11 @@ def run() -> dict:
           f"1 client, {floor['req_per_s_fraction_of_floor_c16']:.1%} of its req/s at 16 "
           f"({floor['floor_req_per_s_c16']} req/s)")
     cpu = floor["server_cpu_us_per_request_c16"]
+    print(f"  the no-model server on our transport: p50 {floor.get('inline_floor_p50_ms_c1')} ms at 1 client (the "
+          f"floor's {floor['floor_p50_ms_c1']}), {floor.get('inline_floor_req_per_s_c16')} req/s at 16")
     print(f"  server CPU per request at 16 clients: ours {cpu.get('loopline_grpc')} us, the no-model server's "
-          f"{cpu.get('grpc_floor')} us; our code per Predict in process (us): {results['handler_parts_us']}")
+          f"{cpu.get('grpc_floor')} us (on our transport {cpu.get('inline_floor')} us); our code per Predict in "
+          f"process (us): {results['handler_parts_us']}")
     logging = results["request_logging"]
     print(f"  request logging at 16 clients: {logging['sampling_0']['req_per_s']} req/s off, "
           f"{logging['sampling_0.1']['req_per_s']} at 0.1 (cost {logging['cost_at_0.1']:.1%}), "

@@ -32,6 +32,16 @@ def test_server_cpu_per_request_is_the_median_of_each_sides_rounds():
     assert floor_medians(rounds)["server_cpu_us_per_request_c16"] == {"loopline_grpc": 310, "grpc_floor": 150}
 
 
+def test_the_inline_floor_is_the_median_of_its_own_rounds():
+    rounds = [_round(0.4, 0.3, 1, 1), _round(0.4, 0.3, 1, 1), _round(0.4, 0.3, 1, 1)]
+    for r, (p50, rps, cpu) in zip(rounds, [(0.20, 9000, 60), (0.35, 7000, 90), (0.25, 8000, 70)]):
+        r["inline_floor"] = {"c1": {"p50_ms": p50}, "c16": {"req_per_s": rps, "server_cpu_us_per_request": cpu}}
+    figures = floor_medians(rounds)
+    assert (figures["inline_floor_p50_ms_c1"], figures["inline_floor_req_per_s_c16"]) == (0.25, 8000)
+    assert figures["server_cpu_us_per_request_c16"]["inline_floor"] == 70
+    assert "inline_floor_p50_ms_c1" not in floor_medians([_round(0.4, 0.3, 1, 1)])  # rounds from before it
+
+
 def test_measure_divides_the_servers_cpu_in_its_window_by_the_requests_answered():
     # A stand-in server whose CPU clock advances 1 ms per request: the figure must read ~1000 us,
     # whatever the warm-up before the window (counted in, it would read over 2500 us). Loose: on a
