@@ -55,10 +55,11 @@ FIGURES = [
            "loop_fraction_of_matmul_peak.penguins.defaults", "{:.0%}", runs_with="loop_fraction_of_matmul_peak"),
     Figure("the same for the penguins model, tuned", "train", "loop_fraction_of_matmul_peak.penguins.tuned", "{:.0%}",
            runs_with="loop_fraction_of_matmul_peak"),
-    Figure("gRPC server's p50 over a gRPC server that runs no model (same grpcio server, pinned to the same core), "
-           "1 client, median of 3 interleaved rounds", "serving", "vs_grpc_floor.p50_over_floor_ms_c1", "+{:.2f} ms",
+    Figure("gRPC server's p50 over a gRPC server that runs no model (grpcio's stock server, pinned to the same core; "
+           "ours on its own transport since run 12), 1 client, median of 3 interleaved rounds", "serving", "vs_grpc_floor.p50_over_floor_ms_c1", "+{:.2f} ms",
            target="<= 0.05", runs_with="vs_grpc_floor"),
-    Figure("gRPC server's req/s at 16 clients as a fraction of the no-model server's, median of 3 interleaved rounds",
+    Figure("gRPC server's req/s at 16 clients as a fraction of the no-model server's (the same two servers), median "
+           "of 3 interleaved rounds",
            "serving", "vs_grpc_floor.req_per_s_fraction_of_floor_c16", "{:.2f}", target=">= 0.7",
            runs_with="vs_grpc_floor"),
     Figure("embedded REST vs `mlflow models serve`, 16 kept-alive clients, both unpinned, batch 1, our server batching on, req/s", "serving",

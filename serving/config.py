@@ -50,7 +50,8 @@ class ServingConfig(_Section):
         "Regress then need the signature's method name to be classify/regress, Predict one of the three.")
     tls_cert: str | None = Field(None, description="PEM certificate file for gRPC TLS; set with tls_key, it turns TLS on.")
     tls_key: str | None = Field(None, description="PEM private key file for gRPC TLS; set with tls_cert.")
-    grpc_workers: int = Field(32, ge=1, description="gRPC handler threads.")
+    grpc_workers: int = Field(32, ge=1, description=(
+        "gRPC threads: each takes calls from gRPC's queue and runs them itself (at most this many at once)."))
     # Concurrent requests already run side by side, so one inter-op thread avoids a hand-off per
     # call for small models.
     inter_op_threads: int = Field(1, ge=0, description=(
