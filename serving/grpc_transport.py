@@ -58,12 +58,6 @@ class _Context:
     def set_trailing_metadata(self, trailing_metadata) -> None:
         self.trailing = tuple(trailing_metadata)
 
-    def time_remaining(self) -> float:
-        return max(self._event.call_details.deadline - time.time(), 0)
-
-    def peer(self) -> str:
-        return self._event.call.peer().decode()
-
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         if code == grpc.StatusCode.OK:  # as grpcio: OK cannot fail a call
             code, details = grpc.StatusCode.UNKNOWN, ""
@@ -179,11 +173,10 @@ class InlineServer:
 
     def _new_call(self, event) -> None:
         with self._lock:
-            if not self._serving:
-                return  # the outstanding request ends with the shutdown
-            self._server.request_call(self._queue, self._queue, _NEW_CALL)
+            if self._serving:  # stopping: the call taken is answered, no other is asked for
+                self._server.request_call(self._queue, self._queue, _NEW_CALL)
             if not event.success:
-                return
+                return  # the request the shutdown ended
             self._calls += 1
         try:
             handler = self._handler(event.call_details.method, event.invocation_metadata)

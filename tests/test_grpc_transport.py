@@ -162,20 +162,26 @@ def test_one_worker_answers_in_turn():
         running.close()
 
 
+def _stop_while_a_call_runs(make, grace: float):
+    """Stops a server while a call is inside its handler: (the call's future, the stopped event)."""
+    running = Running(make, workers=2)
+    pool = futures.ThreadPoolExecutor(1)
+    held = pool.submit(running.call, "wait", b"held")
+    assert running.handler.entered.acquire(timeout=10)
+    pool.shutdown(wait=False)
+    return running, held, running.server.stop(grace)
+
+
 @pytest.mark.parametrize("make", [_inline, _stock], ids=["inline", "stock"])
 def test_stop_finishes_running_calls_within_the_grace(make):
-    running = Running(make, workers=2)
-    with futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(running.call, "wait", b"held")
-        assert running.handler.entered.acquire(timeout=10)
-        stopped = running.server.stop(10)
-        with pytest.raises(grpc.RpcError) as refused:
-            running.call("echo", b"late")
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert not stopped.is_set()
-        running.handler.release.set()
-        assert held.result(10) == b"held"
-        assert stopped.wait(10)
+    running, held, stopped = _stop_while_a_call_runs(make, grace=10)
+    with pytest.raises(grpc.RpcError) as refused:
+        running.call("echo", b"late")
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert not stopped.is_set()
+    running.handler.release.set()
+    assert held.result(10) == b"held"
+    assert stopped.wait(10)
     running.channel.close()
     for thread in getattr(running.server, "_threads", ()):
         thread.join(5)
@@ -184,17 +190,12 @@ def test_stop_finishes_running_calls_within_the_grace(make):
 
 @pytest.mark.parametrize("make", [_inline, _stock], ids=["inline", "stock"])
 def test_stop_cancels_running_calls_after_the_grace(make):
-    running = Running(make, workers=2)
-    with futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(running.call, "wait", b"held")
-        assert running.handler.entered.acquire(timeout=10)
-        stopped = running.server.stop(0.2)
-        with pytest.raises(grpc.RpcError) as cancelled:
-            held.result(10)
-        assert (cancelled.value.code(), cancelled.value.details()) == (grpc.StatusCode.UNAVAILABLE,
-                                                                        "Cancelling all calls")
-        running.handler.release.set()
-        assert stopped.wait(10)
+    running, held, stopped = _stop_while_a_call_runs(make, grace=0.2)
+    with pytest.raises(grpc.RpcError) as cancelled:
+        held.result(10)
+    assert (cancelled.value.code(), cancelled.value.details()) == (grpc.StatusCode.UNAVAILABLE, "Cancelling all calls")
+    running.handler.release.set()
+    assert stopped.wait(10)
     running.channel.close()
 
 
