@@ -88,6 +88,12 @@ class Running:
         except grpc.RpcError as exc:
             return exc.code(), exc.details(), dict(exc.trailing_metadata() or ()), None
 
+    def hold(self, pool: futures.ThreadPoolExecutor) -> futures.Future:
+        """A `wait` call, once it is inside the handler (held there until handler.release)."""
+        held = pool.submit(self.call, "wait", b"held")
+        assert self.handler.entered.acquire(timeout=10)
+        return held
+
     def close(self):
         self.handler.release.set()
         self.channel.close()
@@ -138,8 +144,7 @@ def test_threads_run_calls_side_by_side():
     running = Running(_inline, workers=2)
     try:
         with futures.ThreadPoolExecutor(2) as pool:
-            held = pool.submit(running.call, "wait", b"held")
-            assert running.handler.entered.acquire(timeout=10)
+            held = running.hold(pool)
             assert running.call("echo", b"meanwhile") == b"meanwhile"  # the other thread answers
             running.handler.release.set()
             assert held.result(10) == b"held"
@@ -151,8 +156,7 @@ def test_one_worker_answers_in_turn():
     running = Running(_inline, workers=1)
     try:
         with futures.ThreadPoolExecutor(2) as pool:
-            held = pool.submit(running.call, "wait", b"held")
-            assert running.handler.entered.acquire(timeout=10)
+            held = running.hold(pool)
             second = pool.submit(running.call, "echo", b"second")
             with pytest.raises(futures.TimeoutError):
                 second.result(0.5)  # the only thread is busy
@@ -166,8 +170,7 @@ def _stop_while_a_call_runs(make, grace: float):
     """Stops a server while a call is inside its handler: (the call's future, the stopped event)."""
     running = Running(make, workers=2)
     pool = futures.ThreadPoolExecutor(1)
-    held = pool.submit(running.call, "wait", b"held")
-    assert running.handler.entered.acquire(timeout=10)
+    held = running.hold(pool)
     pool.shutdown(wait=False)
     return running, held, running.server.stop(grace)
 
