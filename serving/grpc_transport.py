@@ -36,6 +36,7 @@ _NEW_CALL = object()  # completion queue tags
 _FINISHED = object()
 _SHUTDOWN = object()
 _POLL_SECONDS = 1.0
+MIN_POLLERS, MAX_POLLERS = 1, 2  # gRPC C++'s defaults for its synchronous server
 
 
 class _Aborted(Exception):
@@ -85,6 +86,8 @@ class InlineServer:
         self._calls = 0  # accepted and not yet finished
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._polling = 0  # threads in (or on their way to) the queue's poll
+        self._parked: list[threading.Lock] = []  # idle threads, each waiting on its held lock; last in, first out
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
@@ -106,10 +109,8 @@ class InlineServer:
             self._server.start()
             self._serving = True
             self._server.request_call(self._queue, self._queue, _NEW_CALL)
-        for i in range(self._workers):
-            thread = threading.Thread(target=self._poll, name=f"grpc_{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            for _ in range(min(MAX_POLLERS, self._workers)):
+                self._add_poller()
 
     def stop(self, grace: float | None) -> threading.Event:
         """Takes no new calls; cancels those still running after `grace` seconds (None: at once).
@@ -137,6 +138,23 @@ class InlineServer:
                     self._server.cancel_all_calls()
 
     # -- the polling threads -------------------------------------------------------------------
+    # As gRPC C++'s synchronous server: between MIN_POLLERS and MAX_POLLERS threads poll; a thread
+    # that takes an event leaves the pollers, adding one when fewer than MIN_POLLERS are left, and
+    # after the event polls again or, MAX_POLLERS being there, parks. A parked thread is woken
+    # before a new one is started, the last parked first: at one call at a time the same two
+    # threads, their caches warm, answer every call (32 threads taking turns cost ~0.03 ms a call).
+    def _add_poller(self) -> None:
+        """With the lock held: a parked thread, else a new one while fewer than `workers` run."""
+        if self._parked:
+            self._parked.pop().release()
+        elif len(self._threads) < self._workers:
+            thread = threading.Thread(target=self._poll, name=f"grpc_{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        else:
+            return  # every thread is busy: calls wait in gRPC's queue
+        self._polling += 1
+
     def _poll(self) -> None:
         while True:
             event = self._queue.poll(time.time() + _POLL_SECONDS)
@@ -145,18 +163,33 @@ class InlineServer:
                 continue
             if kind == cygrpc.CompletionType.queue_shutdown:
                 return
-            tag = event.tag
-            try:
-                if tag is _NEW_CALL:
-                    self._new_call(event)
-                elif tag is _FINISHED:
-                    self._ended()
-                elif tag is _SHUTDOWN:
-                    self._ended(shutdown=True)
-                else:
-                    tag(event)  # a call's request message arrived
-            except Exception:  # noqa: BLE001 - a bug must cost one call, not a polling thread
-                log.exception("gRPC: a call could not be handled")
+            with self._lock:
+                self._polling -= 1
+                if self._polling < MIN_POLLERS:
+                    self._add_poller()
+            self._handle(event)
+            with self._lock:
+                if self._polling < MAX_POLLERS or self._stopped.is_set():
+                    self._polling += 1
+                    continue
+                park = threading.Lock()
+                park.acquire()
+                self._parked.append(park)
+            park.acquire()  # released by _add_poller (which counts this thread in) or at the end
+
+    def _handle(self, event) -> None:
+        tag = event.tag
+        try:
+            if tag is _NEW_CALL:
+                self._new_call(event)
+            elif tag is _FINISHED:
+                self._ended()
+            elif tag is _SHUTDOWN:
+                self._ended(shutdown=True)
+            else:
+                tag(event)  # a call's request message arrived
+        except Exception:  # noqa: BLE001 - a bug must cost one call, not a polling thread
+            log.exception("gRPC: a call could not be handled")
 
     def _ended(self, shutdown: bool = False) -> None:
         """A call's last batch completed, or the shutdown did. Once both the shutdown and every call
@@ -170,6 +203,8 @@ class InlineServer:
                 self._server.destroy()
                 self._queue.shutdown()  # every thread's next poll ends it
                 self._stopped.set()
+                while self._parked:  # parked threads poll once more, and end
+                    self._parked.pop().release()
 
     def _new_call(self, event) -> None:
         with self._lock:

@@ -152,6 +152,32 @@ def test_threads_run_calls_side_by_side():
         running.close()
 
 
+def test_one_call_at_a_time_is_answered_by_a_few_threads():
+    running = Running(_inline, workers=32)
+    try:
+        assert [running.call("echo", bytes([i])) for i in range(50)] == [bytes([i]) for i in range(50)]
+        # Two pollers; a third (rarely a fourth) when a call's last event and the next call's first
+        # arrive together. Not the 32 that may run calls at once.
+        assert len(running.server._threads) <= 4
+    finally:
+        running.close()
+
+
+def test_threads_are_added_up_to_the_workers_and_parked_ones_reused():
+    running = Running(_inline, workers=6)
+    try:
+        for burst in range(2):
+            with futures.ThreadPoolExecutor(5) as pool:
+                held = [running.hold(pool) for _ in range(5)]  # five in handlers: more than the two pollers
+                assert running.call("echo", b"sixth") == b"sixth"  # and a sixth thread answers
+                running.handler.release.set()
+                assert [h.result(10) for h in held] == [b"held"] * 5
+            running.handler.release.clear()
+            assert len(running.server._threads) == 6  # the second burst woke the parked threads
+    finally:
+        running.close()
+
+
 def test_one_worker_answers_in_turn():
     running = Running(_inline, workers=1)
     try:
