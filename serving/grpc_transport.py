@@ -3,9 +3,10 @@
 `grpc.server` polls its completion queue in one thread and hands every call to a thread pool, then
 back for each step (the request message, the status): on a server pinned to one core that costs
 about 100 us of CPU per call in thread switches, condition variables and GIL hand-offs, as much as
-a whole no-model PredictionService answer. Here `workers` threads poll one completion queue, as
-gRPC C++'s synchronous server does, and the thread that takes a call's message runs its handler
-and sends the answer with the status in one batch.
+a whole no-model PredictionService answer. Here threads poll one completion queue, as gRPC C++'s
+synchronous server does (one or two at a time; more are started as calls overlap, up to `workers`),
+and the thread that takes a call's message runs its handler and sends the answer with the status in
+one batch.
 
 What is served is what loopline serves: unary-unary methods (all of TF Serving's), from generic
 handlers (the generated `add_*_to_server` functions register those). The answers follow grpcio's
