@@ -15,7 +15,8 @@ UNKNOWN "Error in service handler!", a request that cannot be
 parsed INTERNAL "Exception deserializing request!", a handler's exception UNKNOWN "Exception
 calling application: ...", `context.abort` the code and details given. grpcio's core module is not
 public API: where it is not there, `make_server` returns the stock server. Calls beyond those
-running wait in gRPC core's queue of pending requests (over its limits: RESOURCE_EXHAUSTED).
+running wait in gRPC core's queue of pending requests; over its limits (1000 and 3000 by default)
+core refuses them and the client sees CANCELLED.
 """
 from __future__ import annotations
 

@@ -192,6 +192,29 @@ def test_one_worker_answers_in_turn():
         running.close()
 
 
+
+def test_calls_over_grpc_cores_pending_limits_are_refused():
+    """Calls no thread has taken wait in gRPC core's queue of pending requests; over its limits
+    (channel arguments; 1000 and 3000 by default) core refuses them, and the client sees CANCELLED."""
+    limits = [("grpc.so_reuseport", 0), ("grpc.server.max_pending_requests", 2),
+              ("grpc.server.max_pending_requests_hard_limit", 2)]
+    running = Running(lambda workers: grpc_transport.InlineServer(workers, limits), workers=1)
+    try:
+        with futures.ThreadPoolExecutor(9) as pool:
+            held = running.hold(pool)  # the only thread is busy: every other call waits, or is refused
+            others = [pool.submit(running.outcome, "echo", b"x") for _ in range(8)]
+            refused, waiting = futures.wait(others, timeout=10, return_when=futures.FIRST_COMPLETED)
+            assert refused and waiting
+            assert {f.result()[0] for f in refused} == {grpc.StatusCode.CANCELLED}
+            running.handler.release.set()
+            assert held.result(10) == b"held"
+            codes = [f.result(10)[0] for f in others]
+        assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.CANCELLED}
+        assert codes.count(grpc.StatusCode.OK) >= 2  # those pending within the limit were answered
+        assert running.call("echo", b"after") == b"after"
+    finally:
+        running.close()
+
 def _stop_while_a_call_runs(make, grace: float):
     """Stops a server while a call is inside its handler: (the call's future, the stopped event)."""
     running = Running(make, workers=2)
