@@ -4,6 +4,7 @@ side by side, and stop() lets running calls finish within the grace and cancels 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -56,6 +57,10 @@ class Echo(grpc.GenericRpcHandler):
     def wait(self, request, context):
         self.entered.release()
         self.release.wait(10)
+        return request
+
+    def nap(self, request, context):
+        time.sleep(0.05)
         return request
 
 
@@ -214,6 +219,56 @@ def test_calls_over_grpc_cores_pending_limits_are_refused():
         assert running.call("echo", b"after") == b"after"
     finally:
         running.close()
+
+
+def test_many_clients_mixing_answers_errors_and_deadlines_leave_nothing_behind():
+    """16 clients on 8 threads, each call one of: an answer, a handler's error, an abort, an unknown
+    method, a deadline that passes in the handler, a cancel. Each gets its own outcome; after them
+    no call counts as running, and stop() ends at once with every thread."""
+    running = Running(_inline, workers=8)
+    expected = {"echo": grpc.StatusCode.OK, "fail": grpc.StatusCode.UNKNOWN,
+                "abort": grpc.StatusCode.FAILED_PRECONDITION, "missing": grpc.StatusCode.UNIMPLEMENTED,
+                "nap": grpc.StatusCode.DEADLINE_EXCEEDED, "cancel": grpc.StatusCode.CANCELLED}
+    kinds = list(expected)
+
+    def client(index: int) -> list[tuple]:
+        outcomes = []
+        for n in range(60):
+            kind, request = kinds[(index + n) % len(kinds)], f"{index}-{n}".encode()
+            method = running.channel.unary_unary(f"/{SERVICE}/{'nap' if kind == 'cancel' else kind}")
+            try:
+                if kind == "cancel":
+                    call = method.future(request, timeout=10)
+                    call.cancel()
+                    call.result()
+                outcome = (grpc.StatusCode.OK, method(request, timeout=0.01 if kind == "nap" else 10))
+            except grpc.FutureCancelledError:
+                outcome = (grpc.StatusCode.CANCELLED, None)
+            except grpc.RpcError as exc:
+                outcome = (exc.code(), None)
+            outcomes.append((kind, request, *outcome))
+        return outcomes
+
+    try:
+        with futures.ThreadPoolExecutor(16) as pool:
+            results = [o for r in pool.map(client, range(16)) for o in r]
+        for kind, request, code, response in results:
+            assert code == expected[kind], (kind, request, code)
+            assert response == (request if kind == "echo" else None)
+        deadline = time.monotonic() + 5
+        while running.server._calls and time.monotonic() < deadline:  # the last batches complete
+            time.sleep(0.01)
+        assert running.server._calls == 0
+        assert running.call("echo", b"still") == b"still"
+        started = time.monotonic()
+        assert running.server.stop(5).wait(5)
+        assert time.monotonic() - started < 2  # nothing left to wait for
+        for thread in running.server._threads:
+            thread.join(5)
+            assert not thread.is_alive()
+    finally:
+        running.handler.release.set()
+        running.channel.close()
 
 def _stop_while_a_call_runs(make, grace: float):
     """Stops a server while a call is inside its handler: (the call's future, the stopped event)."""
