@@ -300,11 +300,13 @@ def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY) -> dict:
 
 
 def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc", concurrency=CONCURRENCY,
-         metrics: list | None = None) -> dict:
+         metrics: list | None = None, cached_answer: bool = False) -> dict:
     """`metrics`: gets the server's Prometheus text after the clients, before it stops, and the
-    server process's CPU seconds while they ran."""
+    server process's CPU seconds while they ran. `cached_answer`: the model's call answered from a
+    cache (bench/cached_answer_server.py), the server's own cost around the model."""
     grpc_port, rest_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--serving-root", str(serving_root),
+    module = "bench.cached_answer_server" if cached_answer else "pipeline.cli"
+    proc = subprocess.Popen([sys.executable, "-m", module, "serve", "--serving-root", str(serving_root),
                              "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
                              *[a for s in settings for a in ("--set", s)]],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -466,31 +468,45 @@ def against_floor(serving_root: Path) -> dict:
     name), at 1 and 16 clients, same settings (pinned to SERVER_CPU, 32 gRPC workers), alternating
     FLOOR_ROUNDS times: per round, our p50 over the floor's at 1 client and our req/s over the
     floor's at 16; the medians of the rounds. Each round also measures the no-model server on our
-    own transport (`inline_floor`), which splits what is left into transport and handler."""
+    own transport (`inline_floor`), which splits what is left into transport and handler, and our
+    server with the model's call answered from a cache (`loopline_grpc_cached_answer`), which
+    splits it into the model's call and the rest of our server."""
     from serving.config import ServingConfig
 
     rounds = []
     for _ in range(FLOOR_ROUNDS):
-        ours_now, floor_now, inline_now = ours(serving_root), grpc_floor(), grpc_floor(inline=True)
-        rounds.append({"loopline_grpc": ours_now, "grpc_floor": floor_now, "inline_floor": inline_now,
-                       "p50_over_floor_ms_c1": round(ours_now["c1"]["p50_ms"] - floor_now["c1"]["p50_ms"], 3),
-                       "req_per_s_fraction_c16": round(ours_now["c16"]["req_per_s"] / floor_now["c16"]["req_per_s"], 3)})
+        ours_now, cached_now = ours(serving_root), ours(serving_root, cached_answer=True)
+        floor_now, inline_now = grpc_floor(), grpc_floor(inline=True)
+        rounds.append({"loopline_grpc": ours_now, "loopline_grpc_cached_answer": cached_now, "grpc_floor": floor_now,
+                       "inline_floor": inline_now, **_over_floor(ours_now, floor_now),
+                       **{f"cached_answer_{k}": v for k, v in _over_floor(cached_now, floor_now).items()}})
     settings = (f"all pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads; ours on its inline "
                 "transport (serving/grpc_transport.py), the floor on grpcio's stock server, the inline floor on ours; "
-                "ours also: " + ", ".join(SERVER_SETTINGS[1:]))
+                "ours also: " + ", ".join(SERVER_SETTINGS[1:]) + "; cached answer: ours, the model's call answered "
+                "from a cache (bench/cached_answer_server.py)")
     return {"rounds": rounds, **floor_medians(rounds), "settings": settings}
+
+
+def _over_floor(side: dict, floor: dict) -> dict:
+    """A server's p50 over the floor's at 1 client and its req/s as a fraction of the floor's at 16."""
+    return {"p50_over_floor_ms_c1": round(side["c1"]["p50_ms"] - floor["c1"]["p50_ms"], 3),
+            "req_per_s_fraction_c16": round(side["c16"]["req_per_s"] / floor["c16"]["req_per_s"], 3)}
 
 
 def floor_medians(rounds: list[dict]) -> dict:
     """The headline figures: the median over the rounds of each round's difference and ratio; and
     each server's CPU microseconds per request at 16 clients (the median of its rounds)."""
-    sides = [side for side in ("loopline_grpc", "grpc_floor", "inline_floor") if all(side in r for r in rounds)]
+    sides = [side for side in ("loopline_grpc", "loopline_grpc_cached_answer", "grpc_floor", "inline_floor")
+             if all(side in r for r in rounds)]
     cpu = {side: round(float(np.median([r[side]["c16"]["server_cpu_us_per_request"] for r in rounds])), 1)
            for side in sides if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
     inline = {f"inline_floor_{key}": round(float(np.median([r["inline_floor"][c][field] for r in rounds])), 3)
               for key, c, field in (("p50_ms_c1", "c1", "p50_ms"), ("req_per_s_c16", "c16", "req_per_s"))
               if "inline_floor" in sides}
-    return {"server_cpu_us_per_request_c16": cpu, **inline,
+    cached = {f"cached_answer_{key}": round(float(np.median([r[f"cached_answer_{key}"] for r in rounds])), 3)
+              for key in ("p50_over_floor_ms_c1", "req_per_s_fraction_c16")
+              if "loopline_grpc_cached_answer" in sides}
+    return {"server_cpu_us_per_request_c16": cpu, **inline, **cached,
             "p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
             "req_per_s_fraction_of_floor_c16": round(float(np.median([r["req_per_s_fraction_c16"] for r in rounds])), 3),
             "floor_req_per_s_c16": round(float(np.median([r["grpc_floor"]["c16"]["req_per_s"] for r in rounds])), 1),
@@ -619,11 +635,14 @@ def run() -> dict:
     floor = results["vs_grpc_floor"]
     print(f"  vs the no-model gRPC server (median of {FLOOR_ROUNDS} rounds): p50 +{floor['p50_over_floor_ms_c1']} ms at "
           f"1 client, {floor['req_per_s_fraction_of_floor_c16']:.1%} of its req/s at 16 "
-          f"({floor['floor_req_per_s_c16']} req/s)")
+          f"({floor['floor_req_per_s_c16']} req/s); the model's call answered from a cache: p50 "
+          f"+{floor.get('cached_answer_p50_over_floor_ms_c1')} ms, {floor.get('cached_answer_req_per_s_fraction_c16')} "
+          f"of its req/s")
     cpu = floor["server_cpu_us_per_request_c16"]
     print(f"  the no-model server on our transport: p50 {floor.get('inline_floor_p50_ms_c1')} ms at 1 client (the "
           f"floor's {floor['floor_p50_ms_c1']}), {floor.get('inline_floor_req_per_s_c16')} req/s at 16")
-    print(f"  server CPU per request at 16 clients: ours {cpu.get('loopline_grpc')} us, the no-model server's "
+    print(f"  server CPU per request at 16 clients: ours {cpu.get('loopline_grpc')} us (the model's call answered "
+          f"from a cache: {cpu.get('loopline_grpc_cached_answer')} us), the no-model server's "
           f"{cpu.get('grpc_floor')} us (on our transport {cpu.get('inline_floor')} us); our code per Predict in "
           f"process (us): {results['handler_parts_us']}")
     logging = results["request_logging"]

@@ -42,6 +42,19 @@ def test_the_inline_floor_is_the_median_of_its_own_rounds():
     assert "inline_floor_p50_ms_c1" not in floor_medians([_round(0.4, 0.3, 1, 1)])  # rounds from before it
 
 
+
+def test_the_cached_answer_server_is_compared_with_the_floor_round_by_round():
+    rounds = [_round(0.4, 0.3, 1, 1), _round(0.4, 0.3, 1, 1), _round(0.4, 0.3, 1, 1)]
+    for r, (p50, rps, cpu) in zip(rounds, [(0.33, 900, 100), (0.40, 700, 120), (0.36, 1000, 110)]):
+        r["loopline_grpc_cached_answer"] = {"c1": {"p50_ms": p50}, "c16": {"req_per_s": rps, "server_cpu_us_per_request": cpu}}
+        r["cached_answer_p50_over_floor_ms_c1"] = round(p50 - r["grpc_floor"]["c1"]["p50_ms"], 3)
+        r["cached_answer_req_per_s_fraction_c16"] = rps / 1000
+    figures = floor_medians(rounds)
+    assert figures["cached_answer_p50_over_floor_ms_c1"] == pytest.approx(0.06)
+    assert figures["cached_answer_req_per_s_fraction_c16"] == pytest.approx(0.9)
+    assert figures["server_cpu_us_per_request_c16"]["loopline_grpc_cached_answer"] == 110
+    assert "cached_answer_req_per_s_fraction_c16" not in floor_medians([_round(0.4, 0.3, 1, 1)])  # rounds from before it
+
 def test_measure_divides_the_servers_cpu_in_its_window_by_the_requests_answered():
     # A stand-in server whose CPU clock advances 1 ms per request: the figure must read ~1000 us,
     # whatever the warm-up before the window (counted in, it would read over 2500 us). Loose: on a
