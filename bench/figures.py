@@ -62,6 +62,12 @@ FIGURES = [
            "of 3 interleaved rounds",
            "serving", "vs_grpc_floor.req_per_s_fraction_of_floor_c16", "{:.2f}", target=">= 0.7",
            runs_with="vs_grpc_floor"),
+    Figure("the same p50 with the model's call answered from a cache (our server's own cost around the model), "
+           "1 client", "serving", "vs_grpc_floor.cached_answer_p50_over_floor_ms_c1", "+{:.2f} ms",
+           runs_with="vs_grpc_floor.cached_answer_p50_over_floor_ms_c1"),
+    Figure("the same req/s fraction with the model's call answered from a cache, 16 clients", "serving",
+           "vs_grpc_floor.cached_answer_req_per_s_fraction_c16", "{:.2f}",
+           runs_with="vs_grpc_floor.cached_answer_req_per_s_fraction_c16"),
     Figure("embedded REST vs `mlflow models serve`, 16 kept-alive clients, both unpinned, batch 1, our server batching on, req/s", "serving",
            "rest_ratio_vs_mlflow_c16", target=">= 3", readme=True),
     Figure("embedded REST p50, 1 kept-alive client, unpinned", "serving", "loopline_rest.c1.p50_ms", "{:.2f} ms",
