@@ -66,55 +66,101 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+class Traffic:
+    """Client threads sending Predicts to the server at `target` until stop(); each client its own
+    input, so a mixed-up answer would show. `results`: (bill, scores or the error's code)."""
+
+    def __init__(self, target: str, clients: int = 8):
+        self.results: list = []
+        self.expected = {35.0 + i: self._scores(target, 35.0 + i) for i in range(clients)}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(target, bill)) for bill in self.expected]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _scores(target: str, bill: float) -> np.ndarray:
+        with grpc.insecure_channel(target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            return tf.make_ndarray(stub.Predict(request(bill), timeout=10).outputs["scores"])
+
+    def _client(self, target: str, bill: float) -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            while not self._stop.is_set():
+                try:
+                    response = stub.Predict(request(bill), timeout=5)
+                    self.results.append((bill, tf.make_ndarray(response.outputs["scores"])))
+                except grpc.RpcError as exc:
+                    self.results.append((bill, exc.code()))
+                    time.sleep(0.05)
+
+    def answered_since(self, mark: int) -> int:
+        return sum(1 for r in self.results[mark:] if isinstance(r[1], np.ndarray))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def check(self) -> set:
+        """Every answer is the model's for that client's input; returns the error codes seen."""
+        for bill, scores in self.results:
+            if isinstance(scores, np.ndarray):
+                np.testing.assert_allclose(scores, self.expected[bill], rtol=1e-6)
+        return {r[1] for r in self.results if not isinstance(r[1], np.ndarray)}
+
+
 def test_sigkill_under_load_then_restart(workspace):
     model_folder = workspace / "serving" / "penguins"
     before = folder_digest(model_folder)
     server = ServerProcess(workspace)
     ports = (server.grpc_port, server.rest_port)
-    expected = {}
-    results: list = []
-    stop = threading.Event()
-
-    def client(i):
-        channel = grpc.insecure_channel(server.grpc_target)
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        bill = 35.0 + i  # each client its own input, so a mixed-up answer would show
-        while not stop.is_set():
-            try:
-                response = stub.Predict(request(bill), timeout=5)
-                results.append((bill, tf.make_ndarray(response.outputs["scores"])))
-            except grpc.RpcError as exc:
-                results.append((bill, exc.code()))
-                time.sleep(0.05)
-        channel.close()
-
+    traffic = None
     try:
-        for i in range(8):
-            channel = grpc.insecure_channel(server.grpc_target)
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            expected[35.0 + i] = tf.make_ndarray(stub.Predict(request(35.0 + i), timeout=10).outputs["scores"])
-            channel.close()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: len(results) > 40, 60, "traffic before the kill")
+        traffic = Traffic(server.grpc_target)
+        wait_for(lambda: traffic.answered_since(0) > 40, 60, "traffic before the kill")
         server.kill()
-        mark = len(results)
-        wait_for(lambda: sum(1 for r in results[mark:] if not isinstance(r[1], np.ndarray)) >= 8, 30, "clients to see the outage")
+        mark = len(traffic.results)
+        wait_for(lambda: len(traffic.results) - mark - traffic.answered_since(mark) >= 8, 30, "clients to see the outage")
         server = ServerProcess(workspace, grpc_port=ports[0], rest_port=ports[1])
-        mark = len(results)
-        wait_for(lambda: sum(1 for r in results[mark:] if isinstance(r[1], np.ndarray)) > 40, 90, "traffic after the restart")
+        mark = len(traffic.results)
+        wait_for(lambda: traffic.answered_since(mark) > 40, 90, "traffic after the restart")
     finally:
-        stop.set()
-        for t in threads if "threads" in dir() else []:
-            t.join(30)
+        if traffic:
+            traffic.stop()
         server.stop()
-    errors = {r[1] for r in results if not isinstance(r[1], np.ndarray)}
+    errors = traffic.check()
     assert errors and errors <= {grpc.StatusCode.UNAVAILABLE}
-    for bill, scores in results:
-        if isinstance(scores, np.ndarray):
-            np.testing.assert_allclose(scores, expected[bill], rtol=1e-6)
     assert folder_digest(model_folder) == before
+
+
+def test_sigterm_under_load_answers_or_refuses_every_call_and_exits(workspace):
+    """A stop under load (SIGTERM, as Kubernetes sends): every call before it answered right, the
+    process out at once with 0, later calls refused: UNAVAILABLE, or CANCELLED for a call that
+    reached gRPC core as the server shut down and no thread had taken (core cancels those; grpcio's
+    stock server does the same)."""
+    server = ServerProcess(workspace)
+    traffic = None
+    try:
+        traffic = Traffic(server.grpc_target)
+        wait_for(lambda: traffic.answered_since(0) > 40, 60, "traffic before the stop")
+        before = len(traffic.results)
+        stopped_at = time.monotonic()
+        server.proc.terminate()
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - stopped_at < 10  # the stop's grace is 5 s: no call was left hanging
+        mark = len(traffic.results)
+        wait_for(lambda: len(traffic.results) - mark - traffic.answered_since(mark) >= 8, 30, "clients to see the stop")
+    finally:
+        if traffic:
+            traffic.stop()
+        server.stop()
+    assert all(isinstance(r[1], np.ndarray) for r in traffic.results[:before])
+    errors = traffic.check()
+    assert grpc.StatusCode.UNAVAILABLE in errors and errors <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+    newest_log = sorted((workspace / "logs").glob("serve-*.log"))[-1]  # the workspace is the module's
+    assert "stopping: finishing in-flight requests" in newest_log.read_text()
 
 
 def _self_signed(folder):
