@@ -496,21 +496,24 @@ def _over_floor(side: dict, floor: dict) -> dict:
 def floor_medians(rounds: list[dict]) -> dict:
     """The headline figures: the median over the rounds of each round's difference and ratio; and
     each server's CPU microseconds per request at 16 clients (the median of its rounds)."""
+    def median(get, digits: int = 3) -> float:
+        return round(float(np.median([get(r) for r in rounds])), digits)
+
     sides = [side for side in ("loopline_grpc", "loopline_grpc_cached_answer", "grpc_floor", "inline_floor")
              if all(side in r for r in rounds)]
-    cpu = {side: round(float(np.median([r[side]["c16"]["server_cpu_us_per_request"] for r in rounds])), 1)
+    cpu = {side: median(lambda r: r[side]["c16"]["server_cpu_us_per_request"], 1)
            for side in sides if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
-    inline = {f"inline_floor_{key}": round(float(np.median([r["inline_floor"][c][field] for r in rounds])), 3)
+    inline = {f"inline_floor_{key}": median(lambda r: r["inline_floor"][c][field])
               for key, c, field in (("p50_ms_c1", "c1", "p50_ms"), ("req_per_s_c16", "c16", "req_per_s"))
               if "inline_floor" in sides}
-    cached = {f"cached_answer_{key}": round(float(np.median([r[f"cached_answer_{key}"] for r in rounds])), 3)
+    cached = {f"cached_answer_{key}": median(lambda r: r[f"cached_answer_{key}"])
               for key in ("p50_over_floor_ms_c1", "req_per_s_fraction_c16")
               if "loopline_grpc_cached_answer" in sides}
     return {"server_cpu_us_per_request_c16": cpu, **inline, **cached,
-            "p50_over_floor_ms_c1": round(float(np.median([r["p50_over_floor_ms_c1"] for r in rounds])), 3),
-            "req_per_s_fraction_of_floor_c16": round(float(np.median([r["req_per_s_fraction_c16"] for r in rounds])), 3),
-            "floor_req_per_s_c16": round(float(np.median([r["grpc_floor"]["c16"]["req_per_s"] for r in rounds])), 1),
-            "floor_p50_ms_c1": round(float(np.median([r["grpc_floor"]["c1"]["p50_ms"] for r in rounds])), 3)}
+            "p50_over_floor_ms_c1": median(lambda r: r["p50_over_floor_ms_c1"]),
+            "req_per_s_fraction_of_floor_c16": median(lambda r: r["req_per_s_fraction_c16"]),
+            "floor_req_per_s_c16": median(lambda r: r["grpc_floor"]["c16"]["req_per_s"], 1),
+            "floor_p50_ms_c1": median(lambda r: r["grpc_floor"]["c1"]["p50_ms"])}
 
 
 def registered_model(saved_model: Path, folder: Path) -> str:

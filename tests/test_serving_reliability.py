@@ -98,6 +98,9 @@ class Traffic:
     def answered_since(self, mark: int) -> int:
         return sum(1 for r in self.results[mark:] if isinstance(r[1], np.ndarray))
 
+    def refused_since(self, mark: int) -> int:
+        return len(self.results[mark:]) - self.answered_since(mark)
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
@@ -122,7 +125,7 @@ def test_sigkill_under_load_then_restart(workspace):
         wait_for(lambda: traffic.answered_since(0) > 40, 60, "traffic before the kill")
         server.kill()
         mark = len(traffic.results)
-        wait_for(lambda: len(traffic.results) - mark - traffic.answered_since(mark) >= 8, 30, "clients to see the outage")
+        wait_for(lambda: traffic.refused_since(mark) >= 8, 30, "clients to see the outage")
         server = ServerProcess(workspace, grpc_port=ports[0], rest_port=ports[1])
         mark = len(traffic.results)
         wait_for(lambda: traffic.answered_since(mark) > 40, 90, "traffic after the restart")
@@ -151,7 +154,7 @@ def test_sigterm_under_load_answers_or_refuses_every_call_and_exits(workspace):
         assert server.proc.wait(30) == 0
         assert time.monotonic() - stopped_at < 10  # the stop's grace is 5 s: no call was left hanging
         mark = len(traffic.results)
-        wait_for(lambda: len(traffic.results) - mark - traffic.answered_since(mark) >= 8, 30, "clients to see the stop")
+        wait_for(lambda: traffic.refused_since(mark) >= 8, 30, "clients to see the stop")
     finally:
         if traffic:
             traffic.stop()
