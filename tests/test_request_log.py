@@ -23,6 +23,7 @@ from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
+    prediction_log_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
 )
@@ -260,7 +261,12 @@ def test_records_are_written_as_protobuf_serializes_the_prediction_log():
     for payload in (log_pair(rows=2), (raw_request([40.0]).model_spec, 7, {"x": np.ones((1, 1), np.float32)},
                                        {"scores": np.full((1, 3), 0.5, np.float32)})):
         model, version, entry = prediction_log(payload, 0.25, 1_800_000_000.5)
-        assert serialized_log(payload, 0.25, 1_800_000_000.5) == (model, version, entry.SerializeToString())
+        got_model, got_version, record = serialized_log(payload, 0.25, 1_800_000_000.5)
+        assert (got_model, got_version) == (model, version)
+        # Byte for byte in protobuf's canonical form: a map's entries (the request's inputs) come in
+        # no set order, and a copied message may write them in another than its source.
+        canonical = prediction_log_pb2.PredictionLog.FromString(record).SerializeToString(deterministic=True)
+        assert canonical == entry.SerializeToString(deterministic=True)
         assert entry.log_metadata.timestamp_secs == 1_800_000_000 and entry.log_metadata.sampling_config.sampling_rate == 0.25
 
 
