@@ -74,12 +74,18 @@ class ModelServer:
             waiting = self.manager.models_without_versions()
 
     def stop(self, grace: float = 5.0) -> None:
+        took = {}  # seconds per part: a slow stop says which part held it
+        started = time.monotonic()
         self.manager.stop()
         if self._rest:
             self._rest.shutdown()
+            took["REST"], started = time.monotonic() - started, time.monotonic()
         if self._grpc:
             self._grpc.stop(grace).wait(grace)
+            took["gRPC"], started = time.monotonic() - started, time.monotonic()
         self.request_log.stop()  # writes what is queued and publishes the open files
+        took["request log"] = time.monotonic() - started
+        log.info("stopped: %s", ", ".join(f"{part} {seconds:.1f} s" for part, seconds in took.items()))
 
     def addresses(self) -> str:
         """Where it serves, for the line printed once it is serving."""
