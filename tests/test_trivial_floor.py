@@ -17,14 +17,20 @@ from trainer.evaluator_config import EvaluatorConfig
 from trainer.export import export_saved_model
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
 from trainer.loop import train
-from trainer.trivial import Floor, TrivialModel
+from trainer.trivial import Floor, Gain, TrivialModel
 
 
-def _floor(heads, train_path, eval_path) -> dict[str, float]:
+def _floor(heads, train_path, eval_path, candidate=None) -> TrivialModel:
+    """The trivial model fitted on train_path and scored on eval_path, beside `candidate`'s outputs
+    (by head name, one array over the eval rows) when given."""
     model = TrivialModel.fit(heads, example_batches(train_path, 3, label_kinds(heads)))
-    for _ in model.scoring(example_batches(eval_path, 3, label_kinds(heads))):
-        pass
-    return model.metrics()
+    start = 0
+    for _, labels in example_batches(eval_path, 3, label_kinds(heads)):
+        targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in heads}
+        rows = len(next(iter(labels.values())))
+        model.score(targets, {name: tf.constant(v[start:start + rows]) for name, v in candidate.items()} if candidate else None)
+        start += rows
+    return model
 
 
 def test_the_trivial_model_is_the_train_priors_or_mean_scored_on_eval(tmp_path):
@@ -34,7 +40,7 @@ def test_the_trivial_model_is_the_train_priors_or_mean_scored_on_eval(tmp_path):
                                                          "mass": np.array([1.0, 2.0, 3.0, np.nan, 6.0, 6.0])})
     eval_path = write_examples(tmp_path / "eval.gz", {"species": np.array(["a", "b", "c", "b", ""]),
                                                        "mass": np.array([0.0, 4.0, np.nan, 2.0, 2.0])})
-    metrics = _floor([species, mass], train_path, eval_path)
+    metrics = _floor([species, mass], train_path, eval_path).metrics()
     # Priors over the labelled known classes of the train split: a 3/4, b 1/4, c 0 (missing and unseen left out).
     # Eval: "c" has prior 0, so its loss is Keras' clipped -log(1e-7), as the candidate's would be.
     expected = (-math.log(0.75) - math.log(0.25) - math.log(1e-7) - math.log(0.25)) / 4
@@ -47,17 +53,56 @@ def test_the_trivial_model_is_the_train_priors_or_mean_scored_on_eval(tmp_path):
     assert metrics["mass_rmse"] == pytest.approx(math.sqrt(np.mean(errors**2)), rel=1e-5)
 
 
-def test_the_floor_gate_by_margin_and_closed_when_it_cannot_check():
+def test_the_gain_over_the_trivial_model_is_taken_row_by_row(tmp_path):
+    """Scored beside a candidate, the trivial model keeps each labelled row's loss gain: its mean is
+    the difference of the two eval losses, its standard error the rows' sample deviation over root n."""
+    species = Head("species", CLASSIFICATION, vocabulary=["a", "b"])
+    mass = Head("mass", REGRESSION, mean=0.0, std=2.0, label_dtype="float32")
+    train_path = write_examples(tmp_path / "train.gz", {"species": np.array(["a", "a", "a", "b"]),
+                                                         "mass": np.array([1.0, 2.0, 3.0, 6.0])})
+    eval_species, eval_mass = np.array(["a", "b", "", "a", "b", "a", "a"]), np.array([0.0, 4.0, np.nan, 2.0, 2.0, 5.0, 3.0])
+    eval_path = write_examples(tmp_path / "eval.gz", {"species": eval_species, "mass": eval_mass})
+    p_a = np.array([0.9, 0.2, 0.5, 0.6, 0.7, 0.8, 0.3], np.float32)
+    candidate = {"species": np.stack([p_a, 1 - p_a], axis=1), "mass": np.array([[0.5], [3.0], [1.0], [2.5], [2.0], [4.0], [3.5]], np.float32)}
+    gains = _floor([species, mass], train_path, eval_path, candidate).gains()
+    labelled = eval_species != ""
+    is_a = eval_species[labelled] == "a"
+    trivial = -np.log(np.where(is_a, 0.75, 0.25))
+    model = -np.log(np.where(is_a, p_a[labelled], 1 - p_a[labelled]))
+    rows = np.isfinite(eval_mass)
+    mass_gain = ((eval_mass[rows] - 3.0) ** 2 - (eval_mass[rows] - candidate["mass"][rows, 0]) ** 2) / 4.0
+    for name, expected in (("species", trivial - model), ("mass", mass_gain)):
+        assert gains[name].rows == expected.size == 6
+        assert gains[name].mean == pytest.approx(expected.mean(), rel=1e-5)
+        assert gains[name].standard_error == pytest.approx(expected.std(ddof=1) / math.sqrt(expected.size), rel=1e-4)
+
+
+def _gate_floor(heads, candidate_loss: float, standard_error: float, rows: int = 1000) -> Floor:
+    return Floor(heads, {"y_loss": 0.69, "y_accuracy": 0.6, "y_examples": float(rows)},
+                 gains={"y": Gain(rows, 0.69 - candidate_loss, standard_error)})
+
+
+def test_the_floor_gate_by_margin_beyond_chance_and_closed_when_it_cannot_check():
     heads = [Head("y", CLASSIFICATION, vocabulary=["a", "b"])]
-    floor = Floor(heads, {"y_loss": 0.69, "y_accuracy": 0.6, "y_examples": 10.0})
-    config = EvaluatorConfig()  # trivial_margin 0.01
-    assert decide({"y_loss": 0.683, "y_accuracy": 0.7}, None, config, floor=floor).blessed  # 1.0% lower
+    config = EvaluatorConfig()  # trivial_margin 0.01, trivial_confidence 0.95
+    assert decide({"y_loss": 0.683, "y_accuracy": 0.7}, None, config, floor=_gate_floor(heads, 0.683, 0.004)).blessed  # 1.0% lower
+    floor = _gate_floor(heads, 0.684, 0.001)
     refused = decide({"y_loss": 0.684, "y_accuracy": 0.7}, None, config, floor=floor)
     assert not refused.blessed and refused.failed[0].startswith("y_loss 0.684 vs 0.69 for the trivial model")
     assert "majority class's 0.6 (not gated)" in refused.failed[0]
     assert refused.trivial == floor.metrics
+    # Past the margin, but no further than the eval rows' chance could take a model that learned nothing:
+    # the gain's one-sided 95% bound (0.007 - 1.645 x 0.005) is below 0.
+    chance = decide({"y_loss": 0.683, "y_accuracy": 0.7}, None, config, floor=_gate_floor(heads, 0.683, 0.005))
+    assert not chance.blessed and "95% lower bound -0.00122, above 0 required" in chance.failed[0]
+    off = config.model_copy(update={"trivial_confidence": 0.0})
+    assert decide({"y_loss": 0.683}, None, off, floor=_gate_floor(heads, 0.683, 0.005)).blessed
+    one_row = decide({"y_loss": 0.5}, None, config, floor=_gate_floor(heads, 0.5, math.nan, rows=1))
+    assert "not beyond chance: 1 rows scored beside the trivial model, at least 2 required" in one_row.failed[0]
+    no_gains = Floor(heads, {"y_loss": 0.69, "y_accuracy": 0.6, "y_examples": 10.0})
+    assert not decide({"y_loss": 0.5}, None, config, floor=no_gains).blessed
     # Accuracy below the majority class's is not what refuses: the loss decides.
-    assert decide({"y_loss": 0.5, "y_accuracy": 0.55}, None, config, floor=floor).blessed
+    assert decide({"y_loss": 0.5, "y_accuracy": 0.55}, None, config, floor=_gate_floor(heads, 0.5, 0.01)).blessed
     for candidate in ({"y_accuracy": 0.9}, {"y_loss": float("nan")}):
         assert not decide(candidate, None, config, floor=floor).blessed
     empty = Floor(heads, {"y_loss": 0.0, "y_accuracy": 0.0, "y_examples": 0.0})
@@ -68,32 +113,31 @@ def test_the_floor_gate_by_margin_and_closed_when_it_cannot_check():
     assert headless.blessed and "no trivial floor: no heads" in headless.reasons
 
 
-def _with_shuffled_labels(source: str, target, label: str, seed: int = 0) -> str:
-    """The split with its `label` values permuted across rows (the class balance kept)."""
-    examples = [tf.train.Example.FromString(r) for r in tf.data.TFRecordDataset(source, compression_type="GZIP").as_numpy_iterator()]
-    values = [e.features.feature[label] for e in examples]
-    order = np.random.default_rng(seed).permutation(len(values))
-    shuffled = [tf.train.Feature() for _ in values]
-    for feature, i in zip(shuffled, order):
-        feature.CopyFrom(values[i])
-    with tf.io.TFRecordWriter(str(target), options="GZIP") as writer:
-        for example, feature in zip(examples, shuffled):
-            example.features.feature[label].CopyFrom(feature)
-            writer.write(example.SerializeToString())
-    return str(target)
-
-
-def interaction_splits(folder, rows: int = 1024, features: int = 32, seed: int = 3) -> tuple[str, str]:
-    """label yes/no from x0 * x1 + 0.8 x2 + noise, among 32 numeric features."""
+def interaction_splits(folder, rows: int = 1024, features: int = 32, seed: int = 3) -> dict[str, str]:
+    """label yes/no from x0 * x1 + 0.8 x2 + noise, among 32 numeric features: the train and eval
+    splits, and the train split again with its labels permuted across rows ("shuffled": the class
+    balance kept). A permutation of 1,024 labels keeps some chance correlation with each part of the
+    true score (its standard deviation is 1/32), enough for a model to learn a little of the real
+    signal from it; the first permutation under 0.01 with both x2 and x0 * x1 is taken, so that the
+    shuffled labels carry nothing to learn."""
     rng = np.random.default_rng(seed)
-    paths = []
+    splits = {}
     for split in ("train", "eval"):
         x = rng.normal(size=(rows, features)).astype(np.float32)
         score = x[:, 0] * x[:, 1] + 0.8 * x[:, 2] + 0.5 * rng.normal(size=rows)
-        (folder / split).mkdir(parents=True, exist_ok=True)
-        paths.append(write_examples(folder / split / "data.gz", {f"x{i}": x[:, i] for i in range(features)}
-                                    | {"label": np.where(score > 0, "yes", "no")}))
-    return paths[0], paths[1]
+        splits[split] = (x, np.where(score > 0, "yes", "no"))
+    x, labels = splits["train"]
+
+    def chance_signal(y):
+        return max(abs(np.corrcoef(part, y == "yes")[0, 1]) for part in (x[:, 2], x[:, 0] * x[:, 1]))
+
+    permuted = (labels[np.random.default_rng(s).permutation(rows)] for s in range(1000))
+    splits["shuffled"] = (x, next(y for y in permuted if chance_signal(y) < 0.01))
+    paths = {}
+    for name, (x, y) in splits.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        paths[name] = write_examples(folder / name / "data.gz", {f"x{i}": x[:, i] for i in range(features)} | {"label": y})
+    return paths
 
 
 def test_a_model_trained_on_shuffled_labels_is_not_blessed(tmp_path):
@@ -101,20 +145,18 @@ def test_a_model_trained_on_shuffled_labels_is_not_blessed(tmp_path):
     Evaluator's code against the trivial model fitted on that split: refused for the floor alone.
     The same model trained on the true labels is blessed."""
     label = "label"
-    train_path, eval_path = interaction_splits(tmp_path / "data")
-    shuffled = _with_shuffled_labels(train_path, tmp_path / "shuffled.gz", label)
+    splits = interaction_splits(tmp_path / "data")
     decisions = {}
-    for name, split in (("true", train_path), ("shuffled", shuffled)):
-        result = train(TrainerConfig(epochs=4, seed=1), split, eval_path, label)
+    for name in ("train", "shuffled"):
+        result = train(TrainerConfig(epochs=4, seed=1), splits[name], splits["eval"], label)
         export_dir = export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / name))
-        decisions[name] = evaluate_and_decide(export_dir, eval_path, None, EvaluatorConfig(), train_pattern=split)
-    assert decisions["true"].blessed, decisions["true"].failed
+        decisions[name] = evaluate_and_decide(export_dir, splits["eval"], None, EvaluatorConfig(), train_pattern=splits[name])
+    assert decisions["train"].blessed, decisions["train"].failed
     refused = decisions["shuffled"]
     assert not refused.blessed
     assert len(refused.failed) == 1 and "for the trivial model" in refused.failed[0], refused.failed
     # Shuffling keeps the labels' distribution: both were held to the same floor.
-    assert refused.trivial[f"{label}_loss"] == pytest.approx(decisions["true"].trivial[f"{label}_loss"], rel=1e-6)
-    assert refused.candidate[f"{label}_loss"] > 0.99 * refused.trivial[f"{label}_loss"]
+    assert refused.trivial[f"{label}_loss"] == pytest.approx(decisions["train"].trivial[f"{label}_loss"], rel=1e-6)
 
 
 def test_without_a_train_split_the_floor_refuses(tmp_path):

@@ -58,7 +58,7 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
         if bound.max is not None:
             check(value <= bound.max, f"{metric} {value:.4g} <= max {bound.max:.4g}")
 
-    for ok, text in floor.checks(candidate, config.trivial_margin) if floor is not None else []:
+    for ok, text in floor.checks(candidate, config.trivial_margin, config.trivial_confidence) if floor is not None else []:
         check(ok, text)
 
     if not config.compare_to_champion:
@@ -100,9 +100,10 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
                         candidate_answers=None, train_labels: dict | None = None) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
     the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both
-    and to the trivial model fitted on `train_pattern`'s labels (none given: the floor is not
-    computed, and the candidate is refused). `open_signature`: how a model's signature is called
-    (the Evaluator passes the server's Session callable; the default calls it eagerly).
+    and to the trivial model fitted on `train_pattern`'s labels, scored row by row beside the
+    candidate (none given: the floor is not computed, and the candidate is refused).
+    `open_signature`: how a model's signature is called (the Evaluator passes the server's Session
+    callable; the default calls it eagerly).
     `thresholds_only_because`: see decide(); `candidate_answers`: see evaluate_with_champion.
     `train_labels`: the train split's labels already summarized for some heads
     (TrivialModel.from_label_summaries); with every head there, the split is not read for them."""
@@ -116,13 +117,11 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
     batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
     trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
-    if trivial is not None:
-        batches = trivial.scoring(batches)
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
-        candidate_answers=candidate_answers)
+        candidate_answers=candidate_answers, trivial=trivial)
     if trivial is not None:
-        floor.metrics = trivial.metrics()
+        floor.metrics, floor.gains = trivial.metrics(), trivial.gains()
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor)
 
 

@@ -103,14 +103,17 @@ def eager_signature(saved_model_dir: str, signature: str) -> Iterator[Call]:
 
 class RunningEvaluation:
     """One exported model's metrics (HeadTotals), added batch by batch; its signature is open until
-    close(). `heads`: its read_signature heads, when already read."""
+    close(). `heads`: its read_signature heads, when already read. `trivial`: a
+    trainer.trivial.TrivialModel scored on the same batches, row by row beside this model."""
 
-    def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None):
+    def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None,
+                 trivial=None):
         description = read_description(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
         signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
         self.label_kinds = label_kinds(self.heads)
         self._totals = HeadTotals(self.heads)
+        self._trivial = trivial
         self._open = ExitStack()
         self._call = self._open.enter_context(open_signature(saved_model_dir, signature))
 
@@ -123,8 +126,11 @@ class RunningEvaluation:
         if labels is None:
             labels = parse_examples(tf.constant(batch), self.label_kinds)
         out = self._call({names.INPUTS: batch})
-        self._totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
-                         {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads})
+        targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads}
+        outputs = {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads}
+        self._totals.add(targets, outputs)
+        if self._trivial is not None:
+            self._trivial.score(targets, outputs)
         return out
 
     @property
@@ -139,7 +145,7 @@ class RunningEvaluation:
 def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[Batch],
                            open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
                            champion_heads: list[Head] | None = None, source: str = "the examples",
-                           candidate_answers: Callable | None = None,
+                           candidate_answers: Callable | None = None, trivial=None,
                            ) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
@@ -147,9 +153,10 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
     the candidate's evaluation goes on. `batches`' labels are the candidate's label_kinds (a champion
     parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages.
     `candidate_answers(answer, rows, candidate)`: called with the candidate's answer to each batch
-    (the RunningEvaluation last, for its heads and output_keys)."""
+    (the RunningEvaluation last, for its heads and output_keys). `trivial`: a
+    trainer.trivial.TrivialModel scored beside the candidate, row by row."""
     with ExitStack() as stack:
-        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads)
+        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial)
         stack.callback(candidate.close)
         champion, problem = None, None
         if champion_dir is not None:

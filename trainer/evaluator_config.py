@@ -39,5 +39,10 @@ class EvaluatorConfig(Section):
         0.01, ge=0, lt=1, description="Each head's eval loss must be at least this fraction below the trivial "
         "model's (the train split's class priors, or its mean label for regression), or the candidate is not blessed.",
     )
+    trivial_confidence: float = Field(
+        0.95, ge=0, lt=1, description="...and its gain over the trivial model, row by row on the eval split, must be "
+        "above 0 at this one-sided confidence (mean gain minus z standard errors), so that a model that learned "
+        "nothing is not blessed for beating the trivial one by the eval rows' chance alone. 0: not tested.",
+    )
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")

@@ -3,14 +3,16 @@ train split (each classification head's class priors, each regression head's mea
 scored on the eval split with each head's own loss (`HeadTotals`, as the candidate is scored).
 
 A candidate is refused when a head's loss is not below the trivial one by `evaluator.trivial_margin`
-(relative). The majority class's accuracy is reported beside it, not gated: on imbalanced data a
-good model may not beat it.
+(relative), or when its per-row gain over it is not above 0 at `evaluator.trivial_confidence`
+(one-sided: what the eval rows' chance alone could give a model that learned nothing). The majority
+class's accuracy is reported beside it, not gated: on imbalanced data a good model may not beat it.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from statistics import NormalDist
+from typing import Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -20,12 +22,32 @@ from trainer.heads import CLASSIFICATION, Head, HeadTotals
 Batch = tuple[np.ndarray, dict[str, np.ndarray]]  # trainer.evaluation.Batch with its labels parsed
 
 
+@dataclass(frozen=True)
+class Gain:
+    """A candidate's loss gain over the trivial model, row by row on the same eval rows: their mean
+    (the difference of the two eval losses) and its standard error, which says how much of the gain
+    the eval rows' sampling alone could give."""
+
+    rows: int
+    mean: float
+    standard_error: float
+
+    @classmethod
+    def from_sums(cls, rows: float, total: float, squares: float) -> "Gain":
+        if rows < 2:
+            return cls(int(rows), total / rows if rows else math.nan, math.nan)
+        mean = total / rows
+        variance = max(squares - rows * mean * mean, 0.0) / (rows - 1)
+        return cls(int(rows), mean, math.sqrt(variance / rows))
+
+
 class TrivialModel:
     """One constant prediction per head: class priors (classification) or the mean (regression)."""
 
     def __init__(self, heads: list[Head], predictions: dict[str, np.ndarray]):
         self.heads, self.predictions = heads, predictions
         self.totals = HeadTotals(heads)
+        self._gain_sums: dict[str, np.ndarray] = {}  # head name: rows, sum of gains, sum of squares
 
     @classmethod
     def fit(cls, heads: list[Head], batches: Iterable[Batch]) -> "TrivialModel":
@@ -65,14 +87,25 @@ class TrivialModel:
                 predictions[head.name] = np.array([summary], np.float64).astype(np.float32)
         return cls(heads, predictions)
 
-    def scoring(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """Passes the batches on, scoring the constant predictions against each one's labels on the way
-        (so the eval split is read once for the candidate, the champion and this floor)."""
-        for batch, labels in batches:
-            rows = len(batch)
-            self.totals.add({h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads},
-                            {h.name: tf.constant(np.tile(self.predictions[h.name], (rows, 1))) for h in self.heads})
-            yield batch, labels
+    def score(self, targets: dict[str, tf.Tensor], candidate: dict[str, tf.Tensor] | None = None) -> None:
+        """Scores the constant predictions against one batch's encoded targets (by head name, as
+        `Head.encode_label` gives them) and, given the candidate's outputs on the same rows, adds
+        each row's loss gain of the candidate over them (`gains`)."""
+        rows = len(next(iter(targets.values())))
+        constant = {h.name: tf.constant(np.tile(self.predictions[h.name], (rows, 1))) for h in self.heads}
+        self.totals.add(targets, constant)
+        if candidate is None:
+            return
+        for head in self.heads:
+            trivial_loss, mask = head.per_example_loss(targets[head.name], constant[head.name])
+            candidate_loss, _ = head.per_example_loss(targets[head.name], candidate[head.name])
+            gain = (trivial_loss - candidate_loss).numpy().astype(np.float64)[mask.numpy() > 0]
+            sums = self._gain_sums.setdefault(head.name, np.zeros(3))
+            sums += (gain.size, gain.sum(), np.square(gain).sum())
+
+    def gains(self) -> dict[str, Gain]:
+        """Per head, the candidate's per-row loss gain over the trivial model on the scored rows."""
+        return {name: Gain.from_sums(*sums) for name, sums in self._gain_sums.items()}
 
     def metrics(self) -> dict[str, float]:
         """HeadTotals' metrics of the constant predictions: `<head>_loss`, `<head>_accuracy` (the
@@ -82,21 +115,23 @@ class TrivialModel:
 
 @dataclass
 class Floor:
-    """The trivial model's eval metrics, or why there are none (the gate then refuses)."""
+    """The trivial model's eval metrics and the candidate's per-row gains over it, or why there are
+    none (the gate then refuses)."""
 
     heads: list[Head] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     problem: str | None = None
+    gains: dict[str, Gain] = field(default_factory=dict)  # by head name (TrivialModel.gains)
 
-    def checks(self, candidate: dict[str, float], margin: float) -> list[tuple[bool, str]]:
+    def checks(self, candidate: dict[str, float], margin: float, confidence: float) -> list[tuple[bool, str]]:
         """(passed, words) per head; a gate that cannot be checked fails."""
         if self.problem is not None:
             return [(False, f"trivial floor not computed: {self.problem}")]
         if not self.heads:
             return [(True, "no trivial floor: no heads")]
-        return [self._check(head, candidate, margin) for head in self.heads]
+        return [self._check(head, candidate, margin, confidence) for head in self.heads]
 
-    def _check(self, head: Head, candidate: dict[str, float], margin: float) -> tuple[bool, str]:
+    def _check(self, head: Head, candidate: dict[str, float], margin: float, confidence: float) -> tuple[bool, str]:
         key, trivial = f"{head.name}_loss", self.metrics.get(f"{head.name}_loss", math.nan)
         if not self.metrics.get(f"{head.name}_examples"):
             return False, f"{key} not compared with the trivial model: no labelled eval rows"
@@ -107,9 +142,24 @@ class Floor:
         gain = 1.0 - value / trivial if trivial > 0 else -math.inf
         text = (f"{key} {value:.4g} vs {trivial:.4g} for the trivial model (the train split's {what}): "
                 f"{gain * 100:.1f}% lower, at least {margin * 100:g}% required")
+        chance_ok, chance_text = self._beyond_chance(head, confidence)
+        text += chance_text
         if head.kind == CLASSIFICATION:
             text += (f"; accuracy {candidate.get(f'{head.name}_accuracy', math.nan):.4g} vs the majority class's "
                      f"{self.metrics[f'{head.name}_accuracy']:.4g} (not gated)")
         else:
             text += f"; RMSE {candidate.get(f'{head.name}_rmse', math.nan):.4g} vs {self.metrics[f'{head.name}_rmse']:.4g}"
-        return value <= trivial * (1.0 - margin), text
+        return value <= trivial * (1.0 - margin) and chance_ok, text
+
+    def _beyond_chance(self, head: Head, confidence: float) -> tuple[bool, str]:
+        """Whether the per-row gain's one-sided lower confidence bound is above 0, and in words: a
+        model that learned nothing beats the trivial one on a small eval split by chance alone."""
+        if not confidence:
+            return True, ""
+        gain = self.gains.get(head.name)
+        if gain is None or not math.isfinite(gain.standard_error):
+            rows = gain.rows if gain is not None else 0
+            return False, f"; not beyond chance: {rows} rows scored beside the trivial model, at least 2 required"
+        bound = gain.mean - NormalDist().inv_cdf(confidence) * gain.standard_error
+        return bound > 0, (f"; per-row gain {gain.mean:.4g} (standard error {gain.standard_error:.2g}, {gain.rows} rows), "
+                           f"{confidence * 100:g}% lower bound {bound:.3g}, above 0 required")
