@@ -132,12 +132,23 @@ def test_resume_continues_exactly(regression, tmp_path, caplog, in_memory_mb):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_unrolled_steps_train_like_single_steps(regression):
+def test_unrolled_steps_train_like_single_steps(regression, monkeypatch):
     """Three steps per compiled call (and single ones for what is left) are the same steps: the
-    learning rate and loss weights still see each step's number."""
+    learning rate and loss weights still see each step's number. Not unrolled, the step is traced
+    once; unrolled by 3, four times (a block of three, and the single step)."""
+    import trainer.steps
+
     config = TrainerConfig(epochs=2, seed=5, deterministic=True, jit_compile=True, steps_per_loop=7,
                            lr_schedule="cosine", warmup_steps=4, eval_every_steps=10)
     logged = {1: [], 3: []}
+    traced = []
+    build = trainer.steps.build_replica_step
+
+    def counting(run):
+        step = build(run)
+        return lambda *args: traced.append(run.config.unroll_steps) or step(*args)
+
+    monkeypatch.setattr(trainer.steps, "build_replica_step", counting)
 
     class Sink:
         def __init__(self, unroll):
@@ -153,6 +164,7 @@ def test_unrolled_steps_train_like_single_steps(regression):
     single = train(config, *regression, "target", metric_sinks=[Sink(1)])
     unrolled = train(config.model_copy(update={"unroll_steps": 3}), *regression, "target", metric_sinks=[Sink(3)])
     assert unrolled.steps == single.steps == 2 * (trained_rows(regression[0]) // 32)
+    assert traced.count(1) == 1 and traced.count(3) == 4, traced
     for a, b in zip(weights(single), weights(unrolled)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.array(logged[3]), np.array(logged[1]), rtol=1e-4)

@@ -156,19 +156,23 @@ def _fused_run_steps(run: Run):
 
         return tf.function(steps, jit_compile=True) if run.jit else steps
 
-    block_step, single_step = fused_steps(unroll), fused_steps(1)
+    # Unrolled: whole blocks of unroll steps, then single steps for what is left. Not unrolled: one
+    # loop, so the step is traced (and compiled) once, not twice.
+    block_step = fused_steps(unroll)
+    single_step = fused_steps(1) if unroll > 1 else None
 
     @tf.function
     def run_steps(iterator, first_step, num_steps):
         def take(steps):
             return tuple(next(iterator) for _ in range(steps * accum))
 
-        totals = _zero_totals(run)  # whole blocks of unroll steps, then single steps for what is left
+        totals = _zero_totals(run)
         blocks = num_steps // unroll
         for i in tf.range(blocks):
             totals = block_step(take(unroll), first_step + tf.cast(i * unroll, tf.int64), totals)
-        for i in tf.range(blocks * unroll, num_steps):
-            totals = single_step(take(1), first_step + tf.cast(i, tf.int64), totals)
+        if single_step is not None:
+            for i in tf.range(blocks * unroll, num_steps):
+                totals = single_step(take(1), first_step + tf.cast(i, tf.int64), totals)
         return _means(totals, num_steps)
 
     return run_steps
