@@ -95,8 +95,10 @@ def test_the_floor_gate_by_margin_beyond_chance_and_closed_when_it_cannot_check(
     # the gain's one-sided 95% bound (0.007 - 1.645 x 0.005) is below 0.
     chance = decide({"y_loss": 0.683, "y_accuracy": 0.7}, None, config, floor=_gate_floor(heads, 0.683, 0.005))
     assert not chance.blessed and "95% lower bound -0.00122, above 0 required" in chance.failed[0]
-    off = config.model_copy(update={"trivial_confidence": 0.0})
+    off = EvaluatorConfig(trivial_confidence=0)
     assert decide({"y_loss": 0.683}, None, off, floor=_gate_floor(heads, 0.683, 0.005)).blessed
+    with pytest.raises(ValueError, match="greater than or equal to 0.5"):  # a bound above the mean gain
+        EvaluatorConfig(trivial_confidence=0.3)
     one_row = decide({"y_loss": 0.5}, None, config, floor=_gate_floor(heads, 0.5, math.nan, rows=1))
     assert "not beyond chance: 1 rows scored beside the trivial model, at least 2 required" in one_row.failed[0]
     no_gains = Floor(heads, {"y_loss": 0.69, "y_accuracy": 0.6, "y_examples": 10.0})

@@ -1,7 +1,7 @@
 """The `evaluator:` section of loopline.yaml: when a candidate model is blessed (trainer.blessing)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -39,8 +39,8 @@ class EvaluatorConfig(Section):
         0.01, ge=0, lt=1, description="Each head's eval loss must be at least this fraction below the trivial "
         "model's (the train split's class priors, or its mean label for regression), or the candidate is not blessed.",
     )
-    trivial_confidence: float = Field(
-        0.95, ge=0, lt=1, description="...and its gain over the trivial model, row by row on the eval split, must be "
+    trivial_confidence: Annotated[float, Field(ge=0.5, lt=1)] | Literal[0] = Field(
+        0.95, description="...and its gain over the trivial model, row by row on the eval split, must be "
         "above 0 at this one-sided confidence (mean gain minus z standard errors), so that a model that learned "
         "nothing is not blessed for beating the trivial one by the eval rows' chance alone. 0: not tested.",
     )
