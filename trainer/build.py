@@ -340,6 +340,7 @@ def _compile_strings_out(model, kinds, dataset, config, jit: bool):
             raise
         log.info("trainer.jit_compile=auto: XLA off (%s)", exc)
         return model, dataset, False
-    dataset = dataset.map(lambda features, targets: (encoder(features), targets),
+    encode = tf.autograph.experimental.do_not_convert(lambda features, targets: (encoder(features), targets))
+    dataset = dataset.map(encode,
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.input.deterministic)
     return stepped, dataset, jit

@@ -17,6 +17,7 @@ MIN_ROWS = 50
 VALIDATION, EVAL = "validation", "eval"  # the split that selects the weights
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def held_out(serialized: tf.Tensor, fraction: float) -> tf.Tensor:
     """For a `[n]` batch of serialized records, whether each one is a validation row."""
     if fraction <= 0:

@@ -34,6 +34,7 @@ def record_dataset(file_pattern: str, config: InputConfig | None = None) -> tf.d
 def _splitter(kinds: FeatureKinds, heads: list[Head]):
     labels = {head.name for head in heads}
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def split(serialized):
         parsed = parse_examples(serialized, kinds)
         features = {k: v for k, v in parsed.items() if k not in labels}
@@ -59,6 +60,7 @@ _CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
 Rows = Callable[[tf.Tensor], tf.Tensor] | None
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def _picked(serialized: tf.Tensor, rows: Rows) -> tf.Tensor:
     return serialized if rows is None else rows(serialized)
 
@@ -72,6 +74,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows:
     keyed by its signature name, or None when they would take more than `max_bytes` (or the split
     is empty). `mark`: a bool per record of a batch of serialized records (e.g. trainer.holdout's
     held_out), kept as the column MARKED, so one read both parses and sorts the records."""
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def parse(serialized):
         serialized = _picked(serialized, rows)
         parsed = parse_examples(serialized, kinds)
@@ -147,6 +150,7 @@ def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, co
     rows = _rows(columns)
     per_epoch = rows // batch_size
 
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def epoch_batches(epoch):
         order = tf.random.experimental.stateless_shuffle(tf.range(rows), seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
         return tf.data.Dataset.from_tensor_slices(tf.reshape(order[: per_epoch * batch_size], [per_epoch, batch_size]))
@@ -154,7 +158,9 @@ def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, co
     indices = tf.data.Dataset.counter().flat_map(epoch_batches)
     if skip_batches:
         indices = indices.skip(skip_batches)
-    dataset = indices.map(lambda index: tf.nest.map_structure(lambda column: tf.gather(column, index), columns),
+    gather = tf.autograph.experimental.do_not_convert(
+        lambda index: tf.nest.map_structure(lambda column: tf.gather(column, index), columns))
+    dataset = indices.map(gather,
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic)
     return _finish(dataset, config)
 

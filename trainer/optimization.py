@@ -136,6 +136,7 @@ def ema_values(optimizer) -> list | None:
     return list(opt._model_variables_moving_average)  # Keras keeps them here; no public getter.
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def apply_if(finite: tf.Tensor, optimizer, gradients, variables) -> None:
     """`optimizer.apply` only when `finite` (the same on every replica) is true.
 

@@ -53,6 +53,7 @@ def refuse_keys_the_step_bypassed(ctx: StepContext, config: TrainerConfig) -> No
                          "helpers or leave these keys at their defaults")
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def _finite_figures(step, finite) -> dict:
     return {"nonfinite_step": tf.where(finite, tf.constant(-1, tf.int64), step),
             "skipped_steps": 1.0 - tf.cast(finite, tf.float32)}
@@ -114,11 +115,13 @@ def build_user_replica_step(run: Run):
     return user_replica_step
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def combine(total, new):
     """Running totals of a call's steps; the non-finite step kept is the first one."""
     return {k: tf.where(total[k] >= 0, total[k], new[k]) if k == "nonfinite_step" else total[k] + new[k] for k in total}
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def _means(totals, num_steps):
     n = tf.cast(num_steps, tf.float32)
     return {k: v if k in ("nonfinite_step", "skipped_steps") else v / n for k, v in totals.items()}
@@ -130,6 +133,7 @@ def build_run_steps(run: Run):
     return _fused_run_steps(run) if run.fused else _distributed_run_steps(run)
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def _zero_totals(run: Run):
     """The keys replica_step returns, at zero."""
     heads = run.heads

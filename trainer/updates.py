@@ -9,6 +9,7 @@ from trainer import optimization
 from trainer.config import TrainerConfig
 
 
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
 def apply_update(optimizer, variables, loss, gradients, config: TrainerConfig, step, halted) -> dict[str, tf.Tensor]:
     """`gradients`: this replica's, of `loss` (loss-scaled under mixed_float16). `halted`: an
     earlier step of this call was non-finite (nan_policy stop applies nothing after it).
