@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import pytest
+import tensorflow as tf
 
 from tests.conftest import REPO, subprocess_env
 from tests.trainer_data import plugin_tags, regression_splits
@@ -35,6 +36,26 @@ def test_tensorboard_reads_the_loops_summaries(run_dir):
     for tag in ("weights/hidden_0/kernel", "gradients/hidden_0/kernel"):
         assert tag in train_tags["histograms"], tag
     assert "target_rmse" in plugin_tags(logs / "eval")["scalars"]
+
+
+def test_scalars_read_back_with_their_steps_and_values(tmp_path):
+    """A call's scalars go in one record; TensorBoard's reader finds each with its step and value."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    from trainer.summaries import Summaries
+
+    summaries = Summaries(str(tmp_path), enabled=True)
+    summaries.scalars("train", 3, {"loss": 0.25, "learning_rate": 1e-3})
+    summaries.scalars("train", 9, {"loss": 0.125, "learning_rate": 5e-4})
+    summaries.scalars("train", 10, {})
+    summaries.close()
+    accumulator = plugin_event_accumulator.EventAccumulator(str(tmp_path / "tensorboard" / "train"))
+    accumulator.Reload()
+    assert sorted(accumulator.PluginTagToContent("scalars")) == ["learning_rate", "loss"]
+    read = {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+            for tag in ("loss", "learning_rate")}
+    assert read == {"loss": [(3, 0.25), (9, 0.125)],
+                    "learning_rate": [(3, pytest.approx(1e-3)), (9, pytest.approx(5e-4))]}
 
 
 def test_newest_logdir_picks_the_latest_trainer_run(run_dir, tmp_path):

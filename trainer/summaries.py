@@ -10,7 +10,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+from tensorflow.core.framework import summary_pb2, types_pb2
 
 log = logging.getLogger("loopline.trainer")
 # Progress lines when no bar is drawn: the command line shows this logger's records on the terminal.
@@ -28,6 +28,21 @@ def _metadata(plugin: str) -> bytes:
 
 
 _SCALAR, _HISTOGRAM, _IMAGE = _metadata("scalars"), _metadata("histograms"), _metadata("images")
+
+
+def scalars_summary(values: dict[str, float]) -> bytes:
+    """One Summary holding every scalar, each value as tf.summary.scalar writes it (a float32
+    tensor with the scalars plugin's metadata): one record and one op per call, not one per scalar
+    (each eager summary op costs about half a millisecond)."""
+    summary = summary_pb2.Summary()
+    metadata = summary_pb2.SummaryMetadata.FromString(_SCALAR)
+    for key, value in values.items():
+        entry = summary.value.add(tag=key)
+        entry.metadata.CopyFrom(metadata)
+        entry.tensor.dtype = types_pb2.DT_FLOAT
+        entry.tensor.tensor_shape.SetInParent()
+        entry.tensor.float_val.append(float(value))
+    return summary.SerializeToString()
 
 
 def image_tensor(images) -> tf.Tensor:
@@ -75,10 +90,9 @@ class Summaries:
 
     def scalars(self, split: str, step: int, values: dict[str, float]) -> None:
         writer = self._writer(split)
-        if writer:
+        if writer and values:
             with writer.as_default(step=step):
-                for key, value in values.items():
-                    tf.summary.write(key, tf.constant(float(value), tf.float32), metadata=_SCALAR)
+                tf.summary.experimental.write_raw_pb(scalars_summary(values))
         for sink in self.sinks:
             sink.log(step, {f"{split}/{k}": float(v) for k, v in values.items()})
 
