@@ -15,7 +15,7 @@ from trainer.config import TrainerConfig
 from trainer.evaluation import example_batches, label_kinds
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.export import export_saved_model
-from trainer.heads import CLASSIFICATION, REGRESSION, Head
+from trainer.heads import CLASSIFICATION, REGRESSION, Head, HeadTotals
 from trainer.loop import train
 from trainer.trivial import Floor, Gain, TrivialModel
 
@@ -28,7 +28,8 @@ def _floor(heads, train_path, eval_path, candidate=None) -> TrivialModel:
     for _, labels in example_batches(eval_path, 3, label_kinds(heads)):
         targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in heads}
         rows = len(next(iter(labels.values())))
-        model.score(targets, {name: tf.constant(v[start:start + rows]) for name, v in candidate.items()} if candidate else None)
+        outputs = {name: tf.constant(v[start:start + rows]) for name, v in candidate.items()} if candidate else None
+        model.score(targets, HeadTotals(heads).add(targets, outputs) if candidate else None)
         start += rows
     return model
 

@@ -128,9 +128,9 @@ class RunningEvaluation:
         out = self._call({names.INPUTS: batch})
         targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads}
         outputs = {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads}
-        self._totals.add(targets, outputs)
+        losses = self._totals.add(targets, outputs)
         if self._trivial is not None:
-            self._trivial.score(targets, outputs)
+            self._trivial.score(targets, losses)
         return out
 
     @property

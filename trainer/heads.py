@@ -95,6 +95,9 @@ def higher_is_better(metric: str) -> bool:
     return any(word in HIGHER_IS_BETTER_WORDS for word in re.split(r"[_/\-.]", metric.lower()))
 
 
+RowLosses = dict[str, tuple[tf.Tensor, tf.Tensor]]  # head name: (loss per row, mask), Head.per_example_loss
+
+
 class HeadTotals:
     """Each head's evaluation metrics summed over batches; one definition for the trainer's
     evaluation, the Evaluator and the TFLite parity check: `<head>_loss`, `<head>_accuracy` or
@@ -109,9 +112,17 @@ class HeadTotals:
     def _add(self, key: str, value) -> None:
         self._sums[key] = self._sums.get(key, 0.0) + float(value)
 
-    def add(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> None:
-        """`targets`: encoded labels by head name (`Head.encode_label`); `outputs`: the model's, by head name."""
-        self.add_sums(self.batch_sums(targets, outputs))
+    def add(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> RowLosses:
+        """`targets`: encoded labels by head name (`Head.encode_label`); `outputs`: the model's, by head name.
+        Returns the rows' losses summed here, by head name (`row_losses`), for a caller that also
+        needs them row by row."""
+        losses = self.row_losses(targets, outputs)
+        self.add_sums(self.batch_sums(targets, outputs, losses))
+        return losses
+
+    def row_losses(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> RowLosses:
+        """Each head's (loss per row, mask), `Head.per_example_loss`."""
+        return {head.name: head.per_example_loss(targets[head.name], outputs[head.name]) for head in self.heads}
 
     def add_sums(self, sums: dict[str, tf.Tensor]) -> None:
         """Adds one batch's `batch_sums` (computed eagerly or returned by a compiled step)."""
@@ -119,12 +130,16 @@ class HeadTotals:
             self._add(key, value)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
-    def batch_sums(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """One batch's sums; traceable, so an evaluation step can compute them with its predictions."""
+    def batch_sums(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
+                   losses: RowLosses | None = None) -> dict[str, tf.Tensor]:
+        """One batch's sums; traceable, so an evaluation step can compute them with its predictions.
+        `losses`: the batch's `row_losses`, when already computed."""
+        if losses is None:
+            losses = self.row_losses(targets, outputs)
         sums = {}
         for head in self.heads:
             target, prediction = targets[head.name], outputs[head.name]
-            loss, mask = head.per_example_loss(target, prediction)
+            loss, mask = losses[head.name]
             sums[f"{head.name}/loss_sum"] = tf.reduce_sum(loss)
             sums[f"{head.name}/count"] = tf.reduce_sum(mask)
             if head.kind == CLASSIFICATION:

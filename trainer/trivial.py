@@ -17,7 +17,7 @@ from typing import Iterable
 import numpy as np
 import tensorflow as tf
 
-from trainer.heads import CLASSIFICATION, Head, HeadTotals
+from trainer.heads import CLASSIFICATION, Head, HeadTotals, RowLosses
 
 Batch = tuple[np.ndarray, dict[str, np.ndarray]]  # trainer.evaluation.Batch with its labels parsed
 
@@ -87,18 +87,17 @@ class TrivialModel:
                 predictions[head.name] = np.array([summary], np.float64).astype(np.float32)
         return cls(heads, predictions)
 
-    def score(self, targets: dict[str, tf.Tensor], candidate: dict[str, tf.Tensor] | None = None) -> None:
+    def score(self, targets: dict[str, tf.Tensor], candidate: RowLosses | None = None) -> None:
         """Scores the constant predictions against one batch's encoded targets (by head name, as
-        `Head.encode_label` gives them) and, given the candidate's outputs on the same rows, adds
-        each row's loss gain of the candidate over them (`gains`)."""
+        `Head.encode_label` gives them) and, given the candidate's row losses on the same rows (its
+        `HeadTotals.add` answer), adds each row's loss gain of the candidate over them (`gains`)."""
         rows = len(next(iter(targets.values())))
         constant = {h.name: tf.constant(np.tile(self.predictions[h.name], (rows, 1))) for h in self.heads}
-        self.totals.add(targets, constant)
+        trivial = self.totals.add(targets, constant)
         if candidate is None:
             return
         for head in self.heads:
-            trivial_loss, mask = head.per_example_loss(targets[head.name], constant[head.name])
-            candidate_loss, _ = head.per_example_loss(targets[head.name], candidate[head.name])
+            (trivial_loss, mask), (candidate_loss, _) = trivial[head.name], candidate[head.name]
             gain = (trivial_loss - candidate_loss).numpy().astype(np.float64)[mask.numpy() > 0]
             sums = self._gain_sums.setdefault(head.name, np.zeros(3))
             sums += (gain.size, gain.sum(), np.square(gain).sum())
