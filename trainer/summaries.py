@@ -17,14 +17,14 @@ log = logging.getLogger("loopline.trainer")
 progress_log = logging.getLogger("loopline.trainer.progress")
 
 
-def _metadata(plugin: str) -> bytes:
+def _metadata(plugin: str) -> summary_pb2.SummaryMetadata:
     # tf.summary.write with the plugin's metadata writes the records tf.summary.scalar/histogram
     # (from the tensorboard package) write, without needing that package to train; a test reads
     # them back with TensorBoard's own event reader.
     meta = summary_pb2.SummaryMetadata()
     meta.plugin_data.plugin_name = plugin
     meta.plugin_data.content = b""
-    return meta.SerializeToString()
+    return meta
 
 
 _SCALAR, _HISTOGRAM, _IMAGE = _metadata("scalars"), _metadata("histograms"), _metadata("images")
@@ -35,10 +35,9 @@ def scalars_summary(values: dict[str, float]) -> bytes:
     tensor with the scalars plugin's metadata): one record and one op per call, not one per scalar
     (each eager summary op costs about half a millisecond)."""
     summary = summary_pb2.Summary()
-    metadata = summary_pb2.SummaryMetadata.FromString(_SCALAR)
     for key, value in values.items():
         entry = summary.value.add(tag=key)
-        entry.metadata.CopyFrom(metadata)
+        entry.metadata.CopyFrom(_SCALAR)
         entry.tensor.dtype = types_pb2.DT_FLOAT
         entry.tensor.tensor_shape.SetInParent()
         entry.tensor.float_val.append(float(value))
