@@ -28,8 +28,11 @@ def _floor(heads, train_path, eval_path, candidate=None) -> TrivialModel:
     for _, labels in example_batches(eval_path, 3, label_kinds(heads)):
         targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in heads}
         rows = len(next(iter(labels.values())))
-        outputs = {name: tf.constant(v[start:start + rows]) for name, v in candidate.items()} if candidate else None
-        model.score(targets, HeadTotals(heads).add(targets, outputs) if candidate else None)
+        losses = None
+        if candidate:
+            outputs = {name: tf.constant(v[start:start + rows]) for name, v in candidate.items()}
+            losses = HeadTotals(heads).add(targets, outputs)  # the candidate's row losses, as the Evaluator has them
+        model.score(targets, losses)
         start += rows
     return model
 
