@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -34,19 +35,31 @@ def _config(args):
     return load_config(path, args.overrides)
 
 
+@contextlib.contextmanager
+def _kept_to_the_end(whole_process: bool):
+    """When the run is the process's command, what it imports (TF, TFX, Beam: millions of objects)
+    lives until the process ends. The cyclic collector is off while they are made (its full scans
+    would walk them again and again: about 2 CPU s of the imports) and they are set aside from it
+    after (gc.freeze), so its scans during the run, in TFLite's converter and at exit look at the
+    run's own objects only. Called from Python (main(argv)), the caller's collector is left as it is."""
+    if not whole_process:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def cmd_run(args) -> int:
     config = _config(args)  # before TensorFlow loads: a bad config costs one line and no wait
     run_id = new_run_id()
     console = args.log.open(config, run_id)
-    from pipeline.component_lines import component_lines
-    from pipeline.local_runner import run_local
-
-    # When the run is the process's command, what is imported by now (TF, TFX, Beam: millions of
-    # objects) lives until the process ends; set aside from the cyclic collector, its full scans
-    # during the run, in TFLite's converter and at exit look at the run's own objects only (seconds
-    # of CPU otherwise). Called from Python (main(argv)), the caller's collector is left as it is.
-    if args.whole_process:
-        gc.freeze()
+    with _kept_to_the_end(args.whole_process):
+        from pipeline.component_lines import component_lines
+        from pipeline.local_runner import run_local
     with component_lines(config, run_id, console):
         summary = run_local(config, run_id=run_id)
     if args.whole_process:
