@@ -72,3 +72,40 @@ def test_beam_args_must_be_flags():
 
     with pytest.raises(ConfigError, match=r"pipeline\.beam_args\.0"):
         load_config(None, ["pipeline.beam_args=[runner=DirectRunner]"])
+
+
+def _runs_with_prism(args: list[str], monkeypatch) -> bool:
+    """Whether Beam tries its Prism runner on the CSV ExampleGen's pipeline with these args (the
+    attempt is stopped where it would fetch Prism's binary)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.portability import prism_runner
+
+    from components.csv_example_gen import _examples
+    from ingestion.csv_options import CsvOptions
+
+    tried = []
+
+    def no_download(self, *args, **kwargs):
+        tried.append(True)
+        raise RuntimeError("no Prism here")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", no_download)
+    with beam.Pipeline(options=PipelineOptions(args)) as pipeline:
+        [tagged] = _examples(pipeline, [("all", str(REPO / "data" / "penguins.csv"), ["train", "eval"], [2, 3])],
+                             CsvOptions())
+        tagged["train"] | beam.combiners.Count.Globally()
+    return bool(tried)
+
+
+def test_the_in_process_runner_is_named_unless_a_runner_is(monkeypatch):
+    from pipeline.pipeline import IN_PROCESS_RUNNER, beam_pipeline_args
+
+    assert beam_pipeline_args([]) == [IN_PROCESS_RUNNER]
+    assert beam_pipeline_args(["--direct_num_workers=2"]) == [IN_PROCESS_RUNNER, "--direct_num_workers=2"]
+    assert beam_pipeline_args(["--runner=DirectRunner"]) == ["--runner=DirectRunner"]
+    assert beam_pipeline_args(["--runner", "DataflowRunner"]) == ["--runner", "DataflowRunner"]
+    # Beam's DirectRunner would try Prism on the ExampleGen's pipeline (a download, a Go process);
+    # with the args loopline passes it does not.
+    assert _runs_with_prism([], monkeypatch)
+    assert not _runs_with_prism(beam_pipeline_args([]), monkeypatch)
