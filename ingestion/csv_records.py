@@ -386,6 +386,15 @@ def split_frames(records: pa.Array, buckets: list[int] | None) -> list[bytes]:
     return split_records(records, buckets)[0]
 
 
+def _rows(records: pa.Array) -> list[bytes]:
+    """Each record as bytes: slices of one copy of the array's data (half the time of to_pylist,
+    which makes a scalar per row)."""
+    data, sizes = _binary(records)
+    ends = np.cumsum(sizes).tolist()
+    data = data.tobytes()
+    return [data[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+
 def split_records(records: pa.Array, buckets: list[int] | None) -> tuple[list[bytes], np.ndarray]:
     """TFRecord-framed records per output split, by the stock ExampleGen's rule: sha256 of the
     serialized example modulo the total hash buckets, each split owning a cumulative range of
@@ -393,7 +402,7 @@ def split_records(records: pa.Array, buckets: list[int] | None) -> tuple[list[by
     (its index in `buckets`)."""
     import google_crc32c
 
-    rows = records.to_pylist()
+    rows = _rows(records)
     crcs = np.fromiter((google_crc32c.value(r) for r in rows), np.uint32, len(rows))
     if not buckets:
         return [_frames(records, crcs)], np.zeros(len(rows), np.int64)
