@@ -63,7 +63,7 @@ class PipelineSection(_Section):
     beam_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z]")]] = Field(
         [], description="Apache Beam options for ExampleGen, StatisticsGen, Pusher and the other Beam-based components, "
         "e.g. [\"--direct_running_mode=multi_processing\", \"--direct_num_workers=0\"] or a Flink, Spark or Dataflow "
-        "runner's flags. Without a `--runner`: the FnApiRunner in process (the DirectRunner's own, without its "
+        "runner's flags. Without a `--runner`: Beam's FnApiRunner in process (the DirectRunner's own, without its "
         "attempt at the Prism runner, which downloads a binary).")
     lock_wait_seconds: float = Field(
         600, ge=0, description="How long `loopline run` and `loopline data accept` wait for another run holding the "

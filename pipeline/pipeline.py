@@ -140,23 +140,8 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path(config)) if local_metadata else None
         ),
-        beam_pipeline_args=beam_pipeline_args(config.pipeline.beam_args),
+        beam_pipeline_args=list(config.pipeline.beam_args),
     )
-
-
-# Beam's DirectRunner first tries its Prism runner on a pipeline Prism supports (the CSV
-# ExampleGen's): it downloads Prism's binary from GitHub and runs the pipeline in a Go subprocess,
-# or, offline, fails a DNS lookup and falls back to the FnApiRunner. loopline names the FnApiRunner
-# itself (in process; direct_running_mode and direct_num_workers still apply), so a run needs no
-# network and runs the same everywhere, unless the Beam args name a runner.
-IN_PROCESS_RUNNER = "--runner=FnApiRunner"
-
-
-def beam_pipeline_args(beam_args: list[str]) -> list[str]:
-    """`pipeline.beam_args`, with the in-process runner first when they name none."""
-    if any(arg == "--runner" or arg.startswith("--runner=") for arg in beam_args):
-        return list(beam_args)
-    return [IN_PROCESS_RUNNER, *beam_args]
 
 
 def _data_validation(config: LooplineConfig, example_gen, statistics_gen, local_metadata: bool):

@@ -74,6 +74,7 @@ def test_beam_args_must_be_flags():
         load_config(None, ["pipeline.beam_args=[runner=DirectRunner]"])
 
 
+
 def _runs_with_prism(args: list[str], monkeypatch) -> bool:
     """Whether Beam tries its Prism runner on the CSV ExampleGen's pipeline with these args (the
     attempt is stopped where it would fetch Prism's binary)."""
@@ -98,14 +99,15 @@ def _runs_with_prism(args: list[str], monkeypatch) -> bool:
     return bool(tried)
 
 
-def test_the_in_process_runner_is_named_unless_a_runner_is(monkeypatch):
-    from pipeline.pipeline import IN_PROCESS_RUNNER, beam_pipeline_args
+def test_beam_runs_in_process_unless_a_runner_is_named(monkeypatch):
+    from apache_beam.options.pipeline_options import StandardOptions
 
-    assert beam_pipeline_args([]) == [IN_PROCESS_RUNNER]
-    assert beam_pipeline_args(["--direct_num_workers=2"]) == [IN_PROCESS_RUNNER, "--direct_num_workers=2"]
-    assert beam_pipeline_args(["--runner=DirectRunner"]) == ["--runner=DirectRunner"]
-    assert beam_pipeline_args(["--runner", "DataflowRunner"]) == ["--runner", "DataflowRunner"]
-    # Beam's DirectRunner would try Prism on the ExampleGen's pipeline (a download, a Go process);
-    # with the args loopline passes it does not.
+    import components
+
+    assert StandardOptions.DEFAULT_RUNNER == components.IN_PROCESS_RUNNER
+    assert not _runs_with_prism([], monkeypatch)
+    # Beam's own default would try Prism on the ExampleGen's pipeline (a download, a Go process),
+    # and so does a DirectRunner named in the Beam args.
+    assert _runs_with_prism(["--runner=DirectRunner"], monkeypatch)
+    monkeypatch.setattr(StandardOptions, "DEFAULT_RUNNER", "DirectRunner")
     assert _runs_with_prism([], monkeypatch)
-    assert not _runs_with_prism(beam_pipeline_args([]), monkeypatch)
