@@ -74,7 +74,6 @@ def test_beam_args_must_be_flags():
         load_config(None, ["pipeline.beam_args=[runner=DirectRunner]"])
 
 
-
 def _runs_with_prism(args: list[str], monkeypatch) -> bool:
     """Whether Beam tries its Prism runner on the CSV ExampleGen's pipeline with these args (the
     attempt is stopped where it would fetch Prism's binary)."""
