@@ -60,6 +60,10 @@ def cmd_run(args) -> int:
     with _kept_to_the_end(args.whole_process):
         from pipeline.component_lines import component_lines
         from pipeline.local_runner import run_local
+        from pipeline.tracking_setup import import_tracking
+
+        if args.whole_process:
+            import_tracking(config)
     with component_lines(config, run_id, console):
         summary = run_local(config, run_id=run_id)
     if args.whole_process:

@@ -1,7 +1,10 @@
 """`loopline run` as the process's command makes its imports with the cyclic collector off and
 sets them aside from it after; called from Python it leaves the caller's collector alone."""
 import gc
+import subprocess
+import sys
 
+from conftest import REPO, subprocess_env
 from pipeline.cli import _kept_to_the_end
 
 
@@ -24,3 +27,23 @@ def test_a_caller_s_collector_is_left_as_it_is():
         assert gc.isenabled()
         made = [[] for _ in range(1000)]
     assert gc.isenabled() and gc.get_freeze_count() == frozen and len(made) == 1000
+
+
+def _modules_after_import_tracking(*overrides: str) -> set[str]:
+    """The MLflow modules a fresh process holds after import_tracking on the bundled config."""
+    code = ("import sys\nfrom pipeline.config import load_config\nfrom pipeline.tracking_setup import import_tracking\n"
+            f"import_tracking(load_config({str(REPO / 'loopline.yaml')!r}, {list(overrides)!r}))\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('mlflow')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=subprocess_env(),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stdout.split())
+
+
+def test_a_run_s_mlflow_modules_are_imported_up_front_only_when_it_tracks():
+    embedded = _modules_after_import_tracking()
+    assert {"mlflow.pyfunc", "mlflow.store.tracking.sqlalchemy_store",
+            "mlflow.store.model_registry.sqlalchemy_store"} <= embedded
+    server = _modules_after_import_tracking("mlflow.tracking_uri=http://127.0.0.1:5000")
+    assert "mlflow.pyfunc" in server and "mlflow.store.tracking.sqlalchemy_store" not in server
+    assert not _modules_after_import_tracking("mlflow.enabled=false")
