@@ -94,18 +94,31 @@ class RssSampler:
 
         while True:
             try:
-                tree = [self._process, *self._process.children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in tree)
-                times = [p.cpu_times() for p in tree]
+                children = self._process.children(recursive=True)
+                rss, cpu = _usage(self._process)
             except psutil.Error:
-                return
+                return  # the process has exited
+            for child in children:
+                try:
+                    child_rss, child_cpu = _usage(child)
+                    # A child forked and not yet exec'd shares the parent's pages: its memory is counted once.
+                    rss += 0 if child.cmdline() == self._process.cmdline() else child_rss
+                    cpu += child_cpu
+                except psutil.Error:
+                    continue  # it exited meanwhile
             now = time.time()
             self.samples.append((now, rss))
-            self.cpu.append((now, sum(t.user + t.system for t in times)))
+            self.cpu.append((now, cpu))
             time.sleep(self._interval)
 
     def join(self) -> None:
         self._thread.join(5)
+
+
+def _usage(process) -> tuple[int, float]:
+    """A process's RSS in bytes and its CPU seconds (user + system)."""
+    times = process.cpu_times()
+    return process.memory_info().rss, times.user + times.system
 
 
 @dataclass

@@ -95,3 +95,20 @@ def test_the_docs_show_the_tables_generated_from_the_results():
     page = (REPO / "docs" / "pipeline-speed.md").read_text()
     shown = page.split(scale.DOCS_START, 1)[1].split(scale.DOCS_END, 1)[0].strip()
     assert shown == scale.markdown(runs).strip(), "regenerate the tables: python -m bench.scale --docs"
+
+
+def test_a_fork_before_its_exec_is_not_counted_twice():
+    import subprocess
+    import sys
+
+    # 200 MB, then a fork that sleeps without exec (it shares those pages), then an exec'd child.
+    code = ("import os, subprocess, time\nx = bytearray(200 * 2**20)\npid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(1.0)\n    os._exit(0)\n"
+            "subprocess.run(['sleep', '0.5'])\nos.waitpid(pid, 0)\n")
+    process = subprocess.Popen([sys.executable, "-c", code])
+    sampler = scale.RssSampler(process.pid, interval=0.02)
+    assert process.wait(timeout=60) == 0
+    sampler.join()
+    peak_mb = max(rss for _, rss in sampler.samples) / 2**20
+    assert 200 < peak_mb < 350  # once, not twice
+    assert len(sampler.samples) > 20  # an exec'd child that exits does not stop the sampling
