@@ -284,7 +284,9 @@ def test_stop_finishes_running_calls_within_the_grace(make):
     running, held, stopped = _stop_while_a_call_runs(make, grace=10)
     with pytest.raises(grpc.RpcError) as refused:
         running.call("echo", b"late")
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Refused: UNAVAILABLE, or CANCELLED when the call reached gRPC core's pending calls before the
+    # shutdown refused new streams (core's behaviour, grpc/grpc#41785; seen on the stock server).
+    assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     assert not stopped.is_set()
     running.handler.release.set()
     assert held.result(10) == b"held"
