@@ -96,13 +96,14 @@ class RssSampler:
             try:
                 children = self._process.children(recursive=True)
                 rss, cpu = _usage(self._process)
+                command = self._process.cmdline()
             except psutil.Error:
                 return  # the process has exited
             for child in children:
                 try:
                     child_rss, child_cpu = _usage(child)
                     # A child forked and not yet exec'd shares the parent's pages: its memory is counted once.
-                    rss += 0 if child.cmdline() == self._process.cmdline() else child_rss
+                    rss += 0 if child.cmdline() == command else child_rss
                     cpu += child_cpu
                 except psutil.Error:
                     continue  # it exited meanwhile
