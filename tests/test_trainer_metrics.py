@@ -20,7 +20,7 @@ from trainer.heads import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train
 from trainer.selection import BestMetric
-from trainer.speed import XLA_CPU_MAX_DENSE_FLOPS, Speed, resolve_speed
+from trainer.speed import XLA_CPU_MAX_DENSE_FLOPS, XLA_CPU_MIN_STEPS, Speed, resolve_speed
 
 
 def test_one_direction_rule_for_early_stopping_and_blessing():
@@ -97,6 +97,13 @@ def test_speed_auto_picks_the_fast_settings_where_safe(monkeypatch):
     assert resolve_speed(auto, 1, False, False, 100, cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS - 1) == Speed(True, 32)
     assert resolve_speed(TrainerConfig(jit_compile=True), 1, False, False, 100,
                          cpu_dense_flops=XLA_CPU_MAX_DENSE_FLOPS) == Speed(True, 32)  # explicit: as asked
+    # On CPU, a run too short to pay back XLA's compile runs without it; on accelerators
+    # (cpu_dense_flops None) the run's length is not weighed; an explicit true is as asked.
+    small_step = XLA_CPU_MAX_DENSE_FLOPS // 1000
+    assert resolve_speed(auto, 1, False, False, 100, small_step, total_steps=XLA_CPU_MIN_STEPS - 1) == Speed(False, 32)
+    assert resolve_speed(auto, 1, False, False, 100, small_step, total_steps=XLA_CPU_MIN_STEPS) == Speed(True, 32)
+    assert resolve_speed(auto, 1, False, False, 100, None, total_steps=10) == Speed(True, 32)
+    assert resolve_speed(TrainerConfig(jit_compile=True), 1, False, False, 100, small_step, total_steps=10) == Speed(True, 32)
     explicit = TrainerConfig(jit_compile=False, steps_per_loop=5)
     assert resolve_speed(explicit, 1, False, False, 100) == Speed(False, 5)
     with pytest.raises(ValueError, match="trainer.jit_compile=true cannot apply with trainer.debug=true"):
@@ -115,10 +122,17 @@ def test_config_accepts_auto_or_explicit_speed_settings():
         load_config(None, ["trainer.steps_per_loop=0"])
 
 
-def test_default_run_logs_the_speed_it_chose(tmp_path, caplog):
+def test_default_run_logs_the_speed_it_chose(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)  # as a serve command in this process may have set it
     splits = regression_splits(tmp_path / "data")
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
         train(TrainerConfig(epochs=1, validation_fraction=0), *splits, "target")  # all 512 rows: 16 steps
+    assert "XLA off (on CPU a run of 16 steps is too short to pay back XLA's compile" in caplog.text
+    assert "speed: jit_compile=False (auto), steps_per_loop=16 (auto)" in caplog.text
+    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 16)  # as long a run as XLA needs
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"):
+        train(TrainerConfig(epochs=1, validation_fraction=0), *splits, "target")
     assert "speed: jit_compile=True (auto), steps_per_loop=16 (auto)" in caplog.text
     assert tf.config.functions_run_eagerly() is False
 
@@ -142,6 +156,7 @@ def test_auto_xla_is_off_on_cpu_for_a_step_of_large_matmuls(tmp_path, caplog, mo
     assert taken and 4.5 < float(taken.group(1)) < 5.0  # 3 x 2 x 256 x (in x 1024 + 3 x 1024 x 1024 + ...)
     assert "speed: jit_compile=False (auto)" in caplog.text
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN off: the rule does not apply
+    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 1)  # nor the one on the run's length
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="loopline.trainer"):
         train(config, *splits, "target")
@@ -191,7 +206,8 @@ def build_model(ctx):
 '''
 
 
-def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog):
+def test_auto_xla_falls_back_when_strings_cannot_stay_out_of_it(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr("trainer.speed.XLA_CPU_MIN_STEPS", 1)  # a run long enough for XLA
     from tests.conftest import REPO
     from trainer.csv_examples import csv_to_tfrecords
 

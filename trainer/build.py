@@ -130,7 +130,8 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     custom = getattr(module, "train_step", None) is not None
     models, optimizers, rng, export_model = _models_and_optimizers(config, strategy, module, data["ctx"], total_steps)
     model = models[export_name(module, models)]
-    speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch, _cpu_dense_flops(config, strategy, model))
+    speed = resolve_speed(config, replicas, on_cpu, custom, steps_per_epoch, _cpu_dense_flops(config, strategy, model),
+                          total_steps)
     selection = None
     if data["metric"] is not None:
         selection = Selection(data["metric"], export_model, holdout.VALIDATION if data["held_out"] else holdout.EVAL)

@@ -18,6 +18,12 @@ log = logging.getLogger("loopline.trainer")
 # 16-128-128 MLP); from 0.1 to 1.7 GFLOP the two were even. "auto" turns XLA off on CPU from
 # this many FLOPs per step in Dense layers (trainer.flops), with oneDNN on (TensorFlow's default).
 XLA_CPU_MAX_DENSE_FLOPS = 10**9
+# On CPU, XLA's compile of the step costs about a CPU second at the first call (0.9-1.2 s more than
+# without it: the penguins model and the 16-128-128 MLP at 32 steps per call), and its steps were
+# at most 0.16 CPU ms faster (the penguins model on the train bench's rows; no faster for the MLP,
+# nor for the penguins model on the scale bench's 1M rows). The compile pays for itself after
+# ~6,000 steps at best: "auto" keeps XLA off on CPU for runs of fewer steps than this.
+XLA_CPU_MIN_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ def onednn_on() -> bool:
     return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() not in ("0", "false")
 
 
-def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_dense_flops: int | None) -> list[str]:
+def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_dense_flops: int | None,
+                  total_steps: int | None) -> list[str]:
     """Why XLA would not be safe, or not faster, here (empty: it is both)."""
     reasons = []
     if cpu_dense_flops is not None and cpu_dense_flops >= XLA_CPU_MAX_DENSE_FLOPS and onednn_on():
@@ -45,13 +52,17 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_d
         reasons.append("the module's own train_step may hold ops XLA cannot compile")
     if config.deterministic:
         reasons.append("trainer.deterministic: some ops have no deterministic XLA kernel (e.g. MaxPool's gradient)")
+    if cpu_dense_flops is not None and total_steps is not None and total_steps < XLA_CPU_MIN_STEPS:
+        reasons.append(f"on CPU a run of {total_steps} steps is too short to pay back XLA's compile (about a CPU "
+                       f"second; from {XLA_CPU_MIN_STEPS} steps on it is used; trainer.jit_compile=true forces XLA)")
     return reasons
 
 
 def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_step: bool, steps_per_epoch: int,
-                  cpu_dense_flops: int | None = None) -> Speed:
+                  cpu_dense_flops: int | None = None, total_steps: int | None = None) -> Speed:
     """The settings this run uses. `on_cpu`: the replicas are CPU devices. `cpu_dense_flops`: on
-    CPU, the training FLOPs of one step in the model's Dense layers (None: not on CPU)."""
+    CPU, the training FLOPs of one step in the model's Dense layers (None: not on CPU).
+    `total_steps`: the run's steps (None: not weighed)."""
     if config.jit_compile is True:
         if replicas > 1 and on_cpu:
             # The step all-reduces gradients inside the compiled function; XLA has no collectives on CPU.
@@ -63,7 +74,7 @@ def resolve_speed(config: TrainerConfig, replicas: int, on_cpu: bool, custom_ste
                              "set trainer.jit_compile to false or auto")
         jit = True
     elif config.jit_compile == "auto":
-        blockers = _jit_blockers(config, replicas, custom_step, cpu_dense_flops)
+        blockers = _jit_blockers(config, replicas, custom_step, cpu_dense_flops, total_steps)
         jit = not blockers
         if blockers:
             log.info("trainer.jit_compile=auto: XLA off (%s)", "; ".join(blockers))
