@@ -38,6 +38,30 @@ def test_tensorboard_reads_the_loops_summaries(run_dir):
     assert "target_rmse" in plugin_tags(logs / "eval")["scalars"]
 
 
+def test_the_histograms_batch_is_read_only_when_histograms_are_drawn(tmp_path, monkeypatch):
+    """The fixed training batch behind the gradient histograms is read on the first histogram
+    step, once, and not at all by a run that draws none (the default)."""
+    import trainer.build as build
+
+    reads = []
+    datasets = build._datasets
+
+    def counted(*args, **kwargs):
+        out = datasets(*args, **kwargs)
+        read = out["read_probe_batch"]
+        out["read_probe_batch"] = lambda: reads.append(1) or read()
+        return out
+
+    monkeypatch.setattr(build, "_datasets", counted)
+    splits = regression_splits(tmp_path / "data")
+    train(TrainerConfig(epochs=1, steps_per_loop=4), *splits, "target", work_dir=str(tmp_path / "plain"))
+    assert reads == []
+    work = tmp_path / "histograms"
+    train(TrainerConfig(epochs=1, histogram_every_steps=4, steps_per_loop=4), *splits, "target", work_dir=str(work))
+    assert reads == [1]  # one read, then the same batch at each of the four histogram steps
+    assert "gradients/hidden_0/kernel" in plugin_tags(work / "tensorboard" / "train")["histograms"]
+
+
 def test_scalars_read_back_with_their_steps_and_values(tmp_path):
     """A call's scalars go in one record; TensorBoard's reader finds each with its step and value."""
     from tensorboard.backend.event_processing import plugin_event_accumulator

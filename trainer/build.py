@@ -74,7 +74,7 @@ class Run:
     jit: bool
     eval_data: tf.data.Dataset
     selection_data: tf.data.Dataset  # what the periodic evaluation reads: the validation rows, else eval_data
-    probe_batch: tuple  # a fixed training batch for gradient histograms
+    read_probe_batch: Callable[[], tuple]  # reads `probe_batch`
     work_dir: str | None
     metric_sinks: Sequence[MetricSink]
     selection: Selection | None  # the best evaluation's metric and weights (None: the last weights are exported)
@@ -88,6 +88,12 @@ class Run:
     @property
     def custom_step(self) -> Callable | None:
         return getattr(self.module, "train_step", None)
+
+    @cached_property
+    def probe_batch(self) -> tuple:
+        """A fixed training batch for gradient histograms (trainer.histogram_every_steps), read
+        when first asked for: most runs draw no histograms."""
+        return self.read_probe_batch()
 
     @cached_property
     def weights_fn(self) -> Callable | None:
@@ -325,7 +331,8 @@ def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern
                                       rows=partial(holdout.validation_rows, fraction=held_out))
     return {"iterator": iter(strategy.experimental_distribute_dataset(dataset)), "stepped": stepped,
             "jit": jit_on or (jit and custom), "eval_data": eval_data, "selection_data": selection_data,
-            "probe_batch": next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size, config.input)))}
+            "read_probe_batch": lambda: next(iter(make_dataset(train_pattern, all_kinds, heads, config.batch_size,
+                                                                config.input)))}
 
 
 def _compile_strings_out(model, kinds, dataset, config, jit: bool):
