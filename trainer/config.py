@@ -74,7 +74,7 @@ class TrainerConfig(Section):
         "(LossScaleOptimizer), mixed_bfloat16 needs none. Variables and the exported model stay float32.")
     jit_compile: bool | Literal["auto"] = Field(
         "auto", description="Compile the step with XLA. auto: on with one replica, no debug and no train_step "
-        "override, except on CPU for a step of 1 GFLOP or more in Dense layers or a run of fewer than 10,000 steps "
+        "override, except on CPU for a step of 1 GFLOP or more in Dense layers or a run of fewer than 6,000 steps "
         "(logged when off); true where it cannot apply is refused.",
     )
     steps_per_loop: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(

@@ -18,12 +18,13 @@ log = logging.getLogger("loopline.trainer")
 # 16-128-128 MLP); from 0.1 to 1.7 GFLOP the two were even. "auto" turns XLA off on CPU from
 # this many FLOPs per step in Dense layers (trainer.flops), with oneDNN on (TensorFlow's default).
 XLA_CPU_MAX_DENSE_FLOPS = 10**9
-# On CPU, XLA's compile of the step costs about a CPU second at the first call (0.9-1.2 s more than
+# On CPU, XLA's compile of the step costs about a CPU second at the first call (0.7-1.3 s more than
 # without it: the penguins model and the 16-128-128 MLP at 32 steps per call), and its steps were
-# at most 0.16 CPU ms faster (the penguins model on the train bench's rows; no faster for the MLP,
-# nor for the penguins model on the scale bench's 1M rows). The compile pays for itself after
-# ~6,000 steps at best: "auto" keeps XLA off on CPU for runs of fewer steps than this.
-XLA_CPU_MIN_STEPS = 10_000
+# 0.12-0.21 CPU ms faster where they were faster at all (the penguins model on the train bench's
+# rows; the MLP's were not, nor the penguins model's on the scale bench's 1M rows). At those
+# figures the compile pays for itself after about 6,000 steps: "auto" keeps XLA off on CPU for a
+# run of fewer steps than this.
+XLA_CPU_MIN_STEPS = 6_000
 
 
 @dataclass(frozen=True)
