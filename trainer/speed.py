@@ -54,8 +54,8 @@ def _jit_blockers(config: TrainerConfig, replicas: int, custom_step: bool, cpu_d
     if config.deterministic:
         reasons.append("trainer.deterministic: some ops have no deterministic XLA kernel (e.g. MaxPool's gradient)")
     if cpu_dense_flops is not None and total_steps is not None and total_steps < XLA_CPU_MIN_STEPS:
-        reasons.append(f"on CPU a run of {total_steps} steps is too short to pay back XLA's compile (about a CPU "
-                       f"second; from {XLA_CPU_MIN_STEPS} steps on it is used; trainer.jit_compile=true forces XLA)")
+        reasons.append(f"on CPU a run of {total_steps} steps is too short to pay back XLA's compile of about a CPU "
+                       f"second, used from {XLA_CPU_MIN_STEPS} steps (trainer.jit_compile=true forces XLA)")
     return reasons
 
 
