@@ -112,3 +112,29 @@ def test_a_tflite_conversion_sets_objects_aside_and_leaves_a_callers_so():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_split_read_once_is_read_without_autotuning_and_in_the_same_order(tmp_path):
+    """One-pass reads (the in-memory load, evaluations, statistics, counts) turn tf.data's
+    autotuning off; the elements and their order are those of the autotuned read."""
+    from tests.trainer_data import regression_splits
+    from trainer.evaluation import example_batches
+    from trainer.features import infer_feature_kinds
+    from trainer.heads import Head
+    from trainer.inputs import make_dataset, parsed_columns, record_dataset
+
+    train, _ = regression_splits(tmp_path / "data", rows=3000)
+    kinds = infer_feature_kinds(train)
+    heads = [Head("target", REGRESSION, mean=0.0, std=1.0)]
+    assert record_dataset(train).options().autotune.enabled is not False  # tf.data's default elsewhere
+    evaluation = make_dataset(train, kinds, heads, 256)
+    assert evaluation.options().autotune.enabled is False
+    held = parsed_columns(train, kinds, 2**30)
+    autotuned = record_dataset(train).batch(1000).map(lambda s: tf.io.parse_example(
+        s, {name: tf.io.FixedLenFeature([], tf.float32) for name in kinds}))
+    for name in kinds:
+        expected = np.concatenate([batch[name].numpy() for batch in autotuned])
+        np.testing.assert_array_equal(held[name].numpy().reshape(-1), expected)
+    read = np.concatenate([features["x0"].numpy().reshape(-1) for features, _ in evaluation])
+    np.testing.assert_array_equal(read, held["x0"].numpy().reshape(-1))
+    assert sum(len(batch) for batch, _ in example_batches(train, 700, {"target": "float32"})) == 3000

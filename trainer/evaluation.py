@@ -12,7 +12,7 @@ import tensorflow as tf
 from serving import signature_names as names
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
-from trainer.inputs import record_dataset
+from trainer.inputs import read_once, record_dataset
 
 
 def read_description(saved_model_dir: str) -> dict:
@@ -67,7 +67,7 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
     dataset = record_dataset(file_pattern)
     if limit:
         dataset = dataset.take(limit)
-    return list(dataset.as_numpy_iterator())
+    return list(read_once(dataset).as_numpy_iterator())
 
 
 # A batch of serialized tf.Examples (a `[rows]` object array of bytes) and its label columns parsed
@@ -84,7 +84,7 @@ def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], 
     # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
     with_labels = tf.autograph.experimental.do_not_convert(lambda serialized: (serialized, parse_examples(serialized, labels)))
     dataset = dataset.batch(batch_size).map(with_labels, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return dataset.prefetch(1).as_numpy_iterator()
+    return read_once(dataset.prefetch(1)).as_numpy_iterator()
 
 
 # A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.

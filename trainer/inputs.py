@@ -44,6 +44,16 @@ def _splitter(kinds: FeatureKinds, heads: list[Head]):
     return split
 
 
+def read_once(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """For a pass that reads a split's records once, in order (the in-memory load, evaluations,
+    statistics, counts): tf.data's autotuning off. It times every element it passes, here a record
+    each: reading a 665k-record split into memory took 1.29 -> 1.08 CPU s (0.85 -> 0.70 s wall)
+    without it. The same elements in the same order; AUTOTUNE then takes tf.data's fixed defaults."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
     options = tf.data.Options()
     options.deterministic = config.deterministic
@@ -82,7 +92,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows:
 
     chunks, size = [], 0
     chunks_parsed = record_dataset(file_pattern).batch(_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    for parsed in chunks_parsed.prefetch(1):
+    for parsed in read_once(chunks_parsed.prefetch(1)):
         for column in parsed.values():
             size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
                 if column.dtype == tf.string else column.dtype.size * int(tf.size(column))
@@ -269,16 +279,16 @@ def make_dataset(
     if config.cache:
         chunks = chunks.cache()
     dataset = chunks.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
-    return _finish(dataset, config)
+    return read_once(_finish(dataset, config))
 
 
 def parsed_batches(file_pattern: str, kinds: FeatureKinds, batch_size: int = 1024, rows: Rows = None):
     """Parsed raw columns (of `rows`) as NumPy, for statistics."""
     dataset = record_dataset(file_pattern).batch(batch_size).map(lambda s: parse_examples(_picked(s, rows), kinds))
-    return dataset.as_numpy_iterator()
+    return read_once(dataset).as_numpy_iterator()
 
 
 def count_rows(file_pattern: str, rows: Rows) -> int:
     """How many records of the split `rows` picks (read and picked, not parsed)."""
-    counts = record_dataset(file_pattern).batch(_CHUNK).map(lambda s: tf.size(rows(s), out_type=tf.int64))
+    counts = read_once(record_dataset(file_pattern).batch(_CHUNK).map(lambda s: tf.size(rows(s), out_type=tf.int64)))
     return int(counts.reduce(tf.constant(0, tf.int64), lambda total, n: total + n))

@@ -11,7 +11,7 @@ from tensorflow.core.example import example_pb2
 from serving import signature_names as names
 from trainer.evaluation import OpenSignature, evaluation_signature, read_description
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import record_dataset
+from trainer.inputs import read_once, record_dataset
 
 EVAL_PREDICTIONS = "eval_predictions"  # the baseline split holding them
 
@@ -64,5 +64,5 @@ def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signat
     heads = [Head.from_json(h) for h in description["heads"]]
     signature, keys = evaluation_signature(description.get("layout", 1), heads)
     with open_signature(saved_model_dir, signature) as call:
-        for batch in record_dataset(eval_pattern).batch(batch_size).prefetch(1).as_numpy_iterator():
+        for batch in read_once(record_dataset(eval_pattern).batch(batch_size).prefetch(1)).as_numpy_iterator():
             yield signature_columns(call({names.INPUTS: batch}), len(batch), heads, keys)
