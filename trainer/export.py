@@ -102,10 +102,17 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     None: the first); returns it."""
     default_name = default_head(heads, default).name
 
-    def predictions(serialized):  # labels may be present in served examples; parse only the inputs
-        return model(parse_examples(serialized, kinds), training=False)
-
     examples = [tf.TensorSpec([None], tf.string, name=names.INPUTS)]
+
+    # Functions the signatures share, each traced and saved once rather than once per signature
+    # (a load of the SavedModel, the server's too, deserializes every saved function). The model's
+    # call is shared with predict_raw where the parsed features have its input spec (else traced again).
+    call_model = tf.function(lambda features: model(features, training=False), autograph=False)
+
+    @tf.function(input_signature=examples, autograph=False)
+    def predictions(serialized):  # labels may be present in served examples; parse only the inputs
+        return call_model(parse_examples(serialized, kinds))
+
     archive = keras.export.ExportArchive()
     archive.track(model)
     methods = {}
@@ -118,7 +125,7 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
             archive.add_endpoint(key, serve_head(head), input_signature=examples)
             methods[key] = method
     archive.add_endpoint(names.PREDICT, lambda inputs: predict_outputs(heads, predictions(inputs)), input_signature=examples)
-    archive.add_endpoint(names.PREDICT_RAW, lambda features: named_outputs(heads, model(features, training=False)),
+    archive.add_endpoint(names.PREDICT_RAW, lambda features: named_outputs(heads, call_model(features)),
                          input_signature=[raw_input_spec(kinds)])
     archive.write_out(export_dir, verbose=False)
     set_method_names(export_dir, methods)
@@ -261,8 +268,7 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         representative = _parsed_numpy(read_examples(train_pattern, config.representative_examples), kinds)
     tf.io.gfile.makedirs(os.path.join(artifact_dir, TFLITE_DIR))
     results = []
-    for variant in config.tflite_variants:
-        content = tflite.convert(serving_dir, variant, representative)
+    for variant, content in tflite.convert_variants(serving_dir, config.tflite_variants, representative).items():
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
         _write(path, content)
         result = tflite.check_variant(variant, content, reference, features, labels, heads,
