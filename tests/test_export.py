@@ -113,6 +113,22 @@ def test_signatures_are_tf_servings_as_saved_model_cli_shows_them(exported, trai
         export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "nope"), default="nope")
 
 
+def test_one_converter_makes_each_variant_as_a_converter_of_its_own(exported, trained):
+    """export_model converts every variant with one converter (one load of the SavedModel) in the
+    order asked (float32 first, int8 last); converted again in the reverse order, every variant is
+    the same bytes, so no option of one (int8's ops and samples, float16's types) reaches the next."""
+    _, serving, artifact = exported
+    result, train_pattern, _, _ = trained
+    representative = {k: v.numpy() for k, v in parse_examples(
+        tf.constant(read_examples(train_pattern, ExportConfig().representative_examples)), result.kinds).items()}
+    order = ["int8", "float16", "dynamic_range", "float32"]
+    converted = tflite.convert_variants(str(serving), order, representative)
+    assert list(converted) == order
+    for variant, content in converted.items():
+        assert content == (artifact / TFLITE_DIR / f"model_{variant}.tflite").read_bytes(), variant
+    assert tflite.convert_variants(str(serving), []) == {}
+
+
 def test_string_inputs_convert_to_builtins_and_match(exported, trained):
     _, serving, artifact = exported
     from ai_edge_litert.interpreter import Interpreter

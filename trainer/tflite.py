@@ -54,10 +54,33 @@ class VariantReport:
 
 def convert(saved_model_dir: str, variant: str, representative: dict[str, np.ndarray] | None = None) -> bytes:
     """Converts the SavedModel's `predict_raw` signature to one TFLite variant."""
+    return convert_variants(saved_model_dir, [variant], representative)[variant]
+
+
+def convert_variants(saved_model_dir: str, variants: list[str],
+                     representative: dict[str, np.ndarray] | None = None) -> dict[str, bytes]:
+    """Converts the SavedModel's `predict_raw` signature to each variant, with one converter: its
+    making loads the SavedModel, and each variant sets every option a variant sets (the same bytes
+    as a converter of its own)."""
+    if not variants:
+        return {}
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE])
+    out = {}
+    with _collector_sees_new_objects_only():
+        for variant in variants:
+            _set_variant(converter, variant, representative)
+            out[variant] = converter.convert()
+    return out
+
+
+def _set_variant(converter: tf.lite.TFLiteConverter, variant: str, representative: dict[str, np.ndarray] | None) -> None:
+    converter.optimizations = set()  # the converter's defaults: what a previous variant set goes
+    converter.target_spec.supported_types = set()
+    converter.target_spec.supported_ops = {tf.lite.OpsSet.TFLITE_BUILTINS}
+    converter.representative_dataset = None
     if variant == "float32":
-        pass
-    elif variant == "dynamic_range":
+        return
+    if variant == "dynamic_range":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     elif variant == "float16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -78,8 +101,6 @@ def convert(saved_model_dir: str, variant: str, representative: dict[str, np.nda
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     else:
         raise ValueError(f"unknown TFLite variant {variant!r}")
-    with _collector_sees_new_objects_only():
-        return converter.convert()
 
 
 @contextmanager
