@@ -113,6 +113,22 @@ def test_signatures_are_tf_servings_as_saved_model_cli_shows_them(exported, trai
         export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "nope"), default="nope")
 
 
+def test_the_signatures_share_one_parse_and_one_model_call(exported):
+    """Every tf.Example signature calls one traced parse-and-predict function and predict_raw the
+    same traced model call: the SavedModel holds the parse once and the model's layers once (a
+    load deserializes every saved function), whatever the number of signatures."""
+    _, serving, _ = exported
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((serving / "saved_model.pb").read_bytes())
+    [meta_graph] = proto.meta_graphs
+    assert {"classify_species", "serving_default", "predict", "predict_raw"} <= set(meta_graph.signature_def)
+    ops = {f.signature.name: {n.op for n in f.node_def} for f in meta_graph.graph_def.library.function}
+    assert len([name for name, used in ops.items() if "ParseExampleV2" in used]) == 1, ops
+    assert len([name for name, used in ops.items() if "MatMul" in used]) == 1, ops
+
+
 def test_one_converter_makes_each_variant_as_a_converter_of_its_own(exported, trained):
     """export_model converts every variant with one converter (one load of the SavedModel) in the
     order asked (float32 first, int8 last); converted again in the reverse order, every variant is
