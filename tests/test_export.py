@@ -18,7 +18,8 @@ from trainer import tflite
 from trainer.config import TrainerConfig
 from trainer.csv_examples import csv_to_tfrecords
 from trainer.evaluation import evaluate_saved_model, label_kinds, read_examples
-from trainer.export import REPORT_JSON, REPORT_MD, TFLITE_DIR, export_model, export_saved_model, float32_model
+from trainer.export import (REPORT_JSON, REPORT_MD, TFLITE_DIR, _parsed_numpy, export_model, export_saved_model,
+                            float32_model)
 from trainer.export_config import ExportConfig
 from trainer.features import parse_examples
 from trainer.loop import train
@@ -135,8 +136,7 @@ def test_one_converter_makes_each_variant_as_a_converter_of_its_own(exported, tr
     the same bytes, so no option of one (int8's ops and samples, float16's types) reaches the next."""
     _, serving, artifact = exported
     result, train_pattern, _, _ = trained
-    representative = {k: v.numpy() for k, v in parse_examples(
-        tf.constant(read_examples(train_pattern, ExportConfig().representative_examples)), result.kinds).items()}
+    representative = _parsed_numpy(read_examples(train_pattern, ExportConfig().representative_examples), result.kinds)
     order = ["int8", "float16", "dynamic_range", "float32"]
     converted = tflite.convert_variants(str(serving), order, representative)
     assert list(converted) == order
@@ -264,7 +264,7 @@ def test_mixed_precision_model_exports_in_float32(trained, tmp_path):
         np.testing.assert_array_equal(a, b)
     content = None
     export_saved_model(copy, result.kinds, result.heads, str(tmp_path / "sm"))
-    content = tflite.convert(str(tmp_path / "sm"), "float32")
+    content = tflite.convert_variants(str(tmp_path / "sm"), ["float32"])["float32"]
     assert len(content) > 1000
 
 
@@ -283,7 +283,7 @@ def test_parity_gate_catches_unfrozen_variables(trained, tmp_path):
     tf.saved_model.save(module, path, signatures={"predict_raw": module.serve})
     _, features, labels = eval_inputs(trained)
     reference = tflite.run_saved_model(tf.saved_model.load(path).signatures["predict_raw"], features)
-    content = tflite.convert(path, "float32")
+    content = tflite.convert_variants(path, ["float32"])["float32"]
     report = tflite.check_variant("float32", content, reference, features, labels, result.heads, 1e-4, 1e-6)
     assert not report.passed, report.max_abs_diff
     assert report.max_abs_diff.get("scores", 0) > 0.01 or "does not run" in report.problems[0], report.problems

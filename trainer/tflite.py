@@ -52,11 +52,6 @@ class VariantReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def convert(saved_model_dir: str, variant: str, representative: dict[str, np.ndarray] | None = None) -> bytes:
-    """Converts the SavedModel's `predict_raw` signature to one TFLite variant."""
-    return convert_variants(saved_model_dir, [variant], representative)[variant]
-
-
 def convert_variants(saved_model_dir: str, variants: list[str],
                      representative: dict[str, np.ndarray] | None = None) -> dict[str, bytes]:
     """Converts the SavedModel's `predict_raw` signature to each variant, with one converter: its
