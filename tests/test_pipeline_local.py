@@ -37,10 +37,12 @@ def test_run_pushes_a_servable_model(pipeline_run):
     assert set(summary.executions) == {
         "CsvExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "DataGate", "Trainer", "Evaluator", "Pusher",
         "BaselineRecorder", "ServingConfigs", "Registrar"}
-    # Each component's wall time, from ML Metadata, is in the summary: training takes the longest.
+    # Each component's wall time, from ML Metadata, is in the summary (which one is longest depends
+    # on the machine's load, so no order is asserted): every component that ran took some time.
     assert set(summary.seconds) == set(summary.executions)
-    assert max(summary.seconds, key=summary.seconds.get) == "Trainer" and summary.seconds["Trainer"] > 1
-    assert any(line.startswith("time       CsvExampleGen ") for line in summary.lines())
+    assert all(seconds > 0 for seconds in summary.seconds.values()), summary.seconds
+    time_line = next(line for line in summary.lines() if line.startswith("time       CsvExampleGen "))
+    assert time_line.endswith(f"(components total {sum(summary.seconds.values()):.1f}s)")
     assert summary.blessed is True
 
     loaded = tf.saved_model.load(summary.pushed_path)
