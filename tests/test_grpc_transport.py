@@ -261,8 +261,9 @@ def test_many_clients_mixing_answers_errors_and_deadlines_leave_nothing_behind()
         assert running.server._calls == 0
         assert running.call("echo", b"still") == b"still"
         started = time.monotonic()
-        assert running.server.stop(5).wait(5)
-        assert time.monotonic() - started < 2  # nothing left to wait for
+        # Nothing left to wait for: stop() ends well before its grace (a wide margin, for a loaded machine).
+        assert running.server.stop(30).wait(30)
+        assert time.monotonic() - started < 10
         for thread in running.server._threads:
             thread.join(5)
             assert not thread.is_alive()
