@@ -104,14 +104,22 @@ def test_a_tflite_conversion_sets_objects_aside_and_leaves_a_callers_so():
     with _collector_sees_new_objects_only():
         assert gc.get_freeze_count() > 0  # what was alive is out of the collector's sight
     assert gc.get_freeze_count() == 0  # and back after
+
+    def collector_sees(obj) -> bool:
+        return any(o is obj for o in gc.get_objects())  # the frozen generation is not among them
+
+    callers = []
+    callers.append(callers)  # a cycle: an object the collector tracks
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        assert not collector_sees(callers)
         with _collector_sees_new_objects_only():
             pass
-        assert gc.get_freeze_count() == frozen
+        # One object checked, not the count: another thread may free frozen objects meanwhile.
+        assert not collector_sees(callers) and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+    assert collector_sees(callers)
 
 
 def test_a_split_read_once_is_read_without_autotuning_and_in_the_same_order(tmp_path):
