@@ -153,7 +153,10 @@ def test_served_traffic_comes_back_monitored_labelled_and_inferred(tmp_path):
     client = MlflowClient(f"sqlite:///{root / 'mlflow' / 'mlflow.db'}")
     run_id = client.search_model_versions("name = 'penguins'")[0].run_id
     history = client.get_metric_history(run_id, "monitor/skew/flipper_length_mm")
-    assert [m.timestamp for m in history] == [int(day2 * 1000), int((end + 1) * 1000)]  # the windows' ends
+    # The windows' ends, as the command got them: in ISO 8601 to the microsecond (rounded to the
+    # nearest, which can cross a millisecond), then in milliseconds.
+    sent_ms = lambda seconds: int(datetime.datetime.fromisoformat(iso(seconds)).timestamp() * 1000)
+    assert [m.timestamp for m in history] == [sent_ms(day2), sent_ms(end + 1)]
     assert history[-1].value > 0.25 > history[0].value
 
     eval_split = glob.glob(str(root / "tfx" / "CsvExampleGen" / "examples" / "*" / "Split-eval" / "*"))
