@@ -100,15 +100,28 @@ class ModelServer:
         return " ".join(parts)
 
 
+# Python runs a signal's handler in the main thread, and only once that thread runs. The kernel
+# may hand SIGTERM to any thread of the process (gRPC's, TensorFlow's); a main thread asleep in a
+# wait without a timeout then sleeps through it, until another signal. Waking every half second
+# bounds the delay.
+STOP_SIGNAL_POLL_S = 0.5
+
+
+def wait_for_stop_signal() -> None:
+    """Returns once SIGINT or SIGTERM has arrived, whichever thread it was delivered to."""
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(STOP_SIGNAL_POLL_S):
+        pass
+
+
 def serve_forever(serving_root: str | None, config: ServingConfig, models_config: str | None = None,
                   options: ServerOptions | None = None, banner: str = "") -> int:
     """Runs until SIGINT/SIGTERM; prints one line with the bound addresses once it is serving."""
     server = ModelServer(serving_root, config, models_config, options).start()
     print(f"loopline serving {banner or serving_root}: {server.addresses()}", flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    wait_for_stop_signal()
     log.info("stopping: finishing in-flight requests")
     server.stop()
     return 0

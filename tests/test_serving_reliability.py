@@ -165,6 +165,31 @@ def test_sigterm_under_load_answers_or_refuses_every_call_and_exits(workspace):
     assert "stopped: REST" in newest_log.read_text()  # each part of the stop timed in the log
 
 
+# A process whose main thread waits for the stop signal while the signal goes to another thread:
+# Python then flags it there, and only the main thread, once it runs, calls the handler.
+SIGNAL_TO_ANOTHER_THREAD = """
+import signal, threading, time
+from serving.server import wait_for_stop_signal
+
+def send_to_this_thread():
+    while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # until the wait's handler is set
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=send_to_this_thread, daemon=True).start()
+wait_for_stop_signal()
+print("stopped")
+"""
+
+
+def test_a_stop_signal_delivered_to_another_thread_stops_the_wait(tmp_path):
+    """The kernel may hand SIGTERM to any of the server's threads (gRPC's, TensorFlow's); the wait
+    for it still returns (a wait without a timeout sleeps on until another signal comes)."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=subprocess_env())
+    assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr[-2000:]
+
+
 def _self_signed(folder):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
