@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 
 from serving.config import ServingConfig
@@ -109,11 +108,13 @@ STOP_SIGNAL_POLL_S = 0.5
 
 def wait_for_stop_signal() -> None:
     """Returns once SIGINT or SIGTERM has arrived, whichever thread it was delivered to."""
-    done = threading.Event()
+    # The handler only appends: a handler that took a lock (Event.set) could find it held by the
+    # very code it interrupted, and wait on itself.
+    received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(STOP_SIGNAL_POLL_S):
-        pass
+        signal.signal(sig, lambda signum, _frame: received.append(signum))
+    while not received:
+        time.sleep(STOP_SIGNAL_POLL_S)
 
 
 def serve_forever(serving_root: str | None, config: ServingConfig, models_config: str | None = None,
