@@ -35,7 +35,10 @@ from tfx_bsl.coders.csv_decoder import ColumnType
 
 from ingestion.csv_options import SNIFF_BYTES, CsvError, CsvOptions, line_of_row, parse_header, undecodable
 
-BLOCK_BYTES = 1 << 19  # Arrow parses this much of a file at a time: the memory per batch.
+# Arrow parses this much of a file at a time: the memory per batch. Each block costs a fixed share
+# (the statistics' merge, numpy's and Arrow's per-call work): 2 MiB took 6.6% fewer instructions
+# than 512 KiB to type, encode, split and summarize 1M rows (callgrind); 4 MiB no fewer CPU seconds.
+BLOCK_BYTES = 1 << 21
 _INT64 = np.iinfo(np.int64)
 _PLAIN_INT = r"^[+-]?[0-9]+$"  # Python's int() and Arrow's int64 parser agree on these (less the '+').
 # Python reads these, Arrow does not (or reads them another way): whitespace and underscores in
