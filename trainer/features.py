@@ -378,15 +378,7 @@ class TabularEncoder(keras.layers.Layer):
                                for i, (name, vocabulary) in enumerate(self.lookups.items())}
 
     def call(self, features):
-        parts = []
-        for name, (mean, std) in sorted(self.numbers.items()):
-            x = _flat(tf.cast(features[name], tf.float32))
-            # NaN (missing) and +-inf both read as missing: one inf must not turn every answer into
-            # NaN. (Not `!(abs(x) < inf)`: Grappler and the TFLite converter rewrite that to
-            # `abs(x) >= inf`, which lets NaN through.)
-            missing = tf.logical_not(tf.math.is_finite(x))
-            z = tf.where(missing, tf.zeros_like(x), (x - mean) / std)
-            parts += [z, tf.cast(missing, tf.float32)]
+        parts = [self._numbers(features)] if self.numbers else []
         for name, vocabulary in sorted(self.strings.items()):
             x = _flat(features[name])  # a list of strings: multi-hot (any position holds the value)
             hits = tf.equal(x[:, :, tf.newaxis], tf.constant(vocabulary, tf.string)[tf.newaxis, tf.newaxis, :])
@@ -395,8 +387,36 @@ class TabularEncoder(keras.layers.Layer):
             parts.append(tf.cast(lookup(_flat(features[name])), tf.float32))
         return tf.concat(parts, axis=-1)
 
+    def _numbers(self, features) -> tf.Tensor:
+        """Each number column standardized, 0 where that is not finite (NaN: missing; +-inf, or a
+        value too large to standardize: one inf must not turn every answer into NaN), and then its
+        missing indicator, in name order (`[z_a, missing_a, z_b, missing_b, ...]`). Four ops per
+        column and five in all, instead of seven per column: a model serving one row pays per op.
+        The zeroing stays per column: TFLite's converter moves elementwise ops that all inputs of
+        a concatenation share past it, and int8 would then quantize every raw column over one range.
+        (Not `!(abs(x) < inf)` for the test: Grappler and the converter rewrite that to
+        `abs(x) >= inf`, which lets NaN through.)"""
+        values, finite = [], []
+        for name, (mean, std) in sorted(self.numbers.items()):
+            z = (_flat(tf.cast(features[name], tf.float32)) - mean) / std
+            finite.append(tf.math.is_finite(z))
+            values.append(tf.where(finite[-1], z, 0.0))
+        missing = tf.cast(tf.logical_not(tf.concat(finite, axis=1)), tf.float32)
+        both = tf.concat([*values, missing], axis=1)
+        if len(values) == 1:
+            return both
+        return tf.gather(both, _interleaved([int(z.shape[-1]) for z in values]), axis=1)
+
     def get_config(self):
         return {**super().get_config(), "numbers": self.numbers, "strings": self.strings, "lookups": self.lookups}
+
+
+def _interleaved(widths: list[int]) -> np.ndarray:
+    """Where each column's values and then its indicators sit in `[all values, all indicators]`."""
+    starts = np.cumsum([0, *widths[:-1]])
+    total = sum(widths)
+    return np.concatenate([np.r_[start:start + width, total + start:total + start + width]
+                           for start, width in zip(starts, widths)]).astype(np.int32)
 
 
 def embedding_size(vocabulary_size: int) -> int:
