@@ -65,7 +65,7 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     values = getattr(proto, field)
     if field == "half_val":  # float16 bit patterns stored in int32s
         array = np.array(values, dtype=np.uint16).view(np.float16)
-    else:  # fromiter with the count: half the time of np.array on a repeated field (no list made first)
+    else:  # fromiter with the count: half the time of np.array on a repeated field
         array = np.fromiter(values, np_dtype, len(values))
     if array.size == count:
         return array.reshape(shape)
