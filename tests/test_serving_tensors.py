@@ -42,3 +42,32 @@ def test_malformed_protos_are_refused(mutate, message):
     with pytest.raises(ServingError, match=message) as caught:
         to_numpy(proto, "x", 100)
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x'" in caught.value.message
+
+
+@pytest.mark.parametrize("array", [
+    np.array([[1.5, -np.inf], [np.nan, 3e38]], np.float32),
+    np.array([0.1, 2.0**60], np.float64),
+    np.array([[-2**31, 2**31 - 1]], np.int32),
+    np.array([-2**63, 2**63 - 1, 0], np.int64),
+    np.array([7, 255], np.uint8),
+    np.array([[True], [False]]),
+    np.array([1.5, -0.25], np.float16),
+    np.array([[b"a", b""], [b"\xff", b"bc"]], dtype=object),
+])
+def test_typed_value_fields_are_read(array):
+    # What clients other than TensorFlow's Python send: values in the repeated *_val fields
+    # (from_numpy's as_fields, TF Serving's own answer format), not in tensor_content.
+    proto = from_numpy(array, as_fields=True)
+    assert not proto.tensor_content
+    back = to_numpy(proto, "x", 100)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+def test_one_typed_value_fills_the_shape():
+    proto = from_numpy(np.array([4.0], np.float32), as_fields=True)
+    proto.tensor_shape.dim[0].size = 3
+    np.testing.assert_array_equal(to_numpy(proto, "x", 100), np.full(3, 4.0, np.float32))
+    proto.float_val.append(5.0)  # two values for three elements: refused
+    with pytest.raises(ServingError, match="needs 3 values, got 2"):
+        to_numpy(proto, "x", 100)
