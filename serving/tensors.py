@@ -65,6 +65,9 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
     values = getattr(proto, field)
     if field == "half_val":  # float16 bit patterns stored in int32s
         array = np.array(values, dtype=np.uint16).view(np.float16)
+    elif field == "int_val" and np_dtype is not np.int32:
+        # int8, int16 and uint8 travel as int32s; TensorFlow's C++ (Tensor::FromProto) casts each one
+        array = np.fromiter(values, np.int32, len(values)).astype(np_dtype)
     else:  # fromiter with the count: half the time of np.array on a repeated field
         array = np.fromiter(values, np_dtype, len(values))
     if array.size == count:
