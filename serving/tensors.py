@@ -63,11 +63,11 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.
                           f"shape {shape} of {dtype_name(dtype)} needs {count * itemsize}")
         return np.frombuffer(content, dtype=np_dtype).reshape(shape)
     values = getattr(proto, field)
-    if field == "half_val":  # float16 bit patterns stored in int32s
-        array = np.array(values, dtype=np.uint16).view(np.float16)
-    elif field == "int_val" and np_dtype is not np.int32:
-        # int8, int16 and uint8 travel as int32s; TensorFlow's C++ (Tensor::FromProto) casts each one
-        array = np.fromiter(values, np.int32, len(values)).astype(np_dtype)
+    if field in ("int_val", "half_val"):
+        # int32s on the wire for int8/16, uint8 and float16 (its bits): TensorFlow's C++
+        # (Tensor::FromProto) casts each one to the narrower type, and so does this
+        array = np.fromiter(values, np.int32, len(values))
+        array = array.astype(np.uint16).view(np.float16) if field == "half_val" else array.astype(np_dtype, copy=False)
     else:  # fromiter with the count: half the time of np.array on a repeated field
         array = np.fromiter(values, np_dtype, len(values))
     if array.size == count:

@@ -75,14 +75,16 @@ def test_one_typed_value_fills_the_shape():
 
 @pytest.mark.parametrize("dtype, values", [
     (tf.int8, [300, -129, 5]), (tf.uint8, [-1, 256, 7]), (tf.int16, [70000, -5]),
+    (tf.float16, [0x3C00 + 65536, -1, 0x3C00]),  # half_val holds a half's 16 bits
 ])
-def test_narrow_integers_from_int_val_wrap_as_tensorflow_reads_them(dtype, values):
-    # int8, int16 and uint8 travel as int32s in int_val; TensorFlow's C++ (Tensor::FromProto, what
-    # TF Serving parses a request with) casts each one to the narrower type. A Const node holding
-    # the same proto, run by a Session, is that C++ parse.
+def test_int32_value_fields_are_cut_as_tensorflow_reads_them(dtype, values):
+    # int8, int16, uint8 (int_val) and float16 (half_val) travel as int32s; TensorFlow's C++
+    # (Tensor::FromProto, what TF Serving parses a request with) casts each one to the narrower
+    # type. A Const node holding the same proto, run by a Session, is that C++ parse.
     proto = tf.make_tensor_proto(0, dtype=dtype, shape=[len(values)])
-    del proto.int_val[:]
-    proto.int_val.extend(values)
+    field = proto.half_val if dtype == tf.float16 else proto.int_val
+    del field[:]
+    field.extend(values)
     graph_def = tf.compat.v1.GraphDef()
     node = graph_def.node.add(name="c", op="Const")
     node.attr["dtype"].type = dtype.as_datatype_enum
@@ -91,7 +93,8 @@ def test_narrow_integers_from_int_val_wrap_as_tensorflow_reads_them(dtype, value
         tf.graph_util.import_graph_def(graph_def, name="")
         with tf.compat.v1.Session(graph=graph) as session:
             expected = session.run("c:0")
-    assert list(expected) != values  # the case: values outside the narrow type
+    read = expected.view(np.uint16) if dtype == tf.float16 else expected  # a half's bits
+    assert list(read) != values  # the case: values outside the narrow type
     back = to_numpy(proto, "x", 100)
     assert back.dtype == expected.dtype
     np.testing.assert_array_equal(back, expected)
