@@ -1,5 +1,6 @@
 """`loopline run` as the process's command makes its imports with the cyclic collector off and
-sets them aside from it after; called from Python it leaves the caller's collector alone."""
+sets them aside from it after; called from Python it leaves the caller's collector alone. Every
+command has OpenBLAS's idle workers sleep at once, set before NumPy loads."""
 import gc
 import subprocess
 import sys
@@ -47,3 +48,20 @@ def test_a_run_s_mlflow_modules_are_imported_up_front_only_when_it_tracks():
     server = _modules_after_import_tracking("mlflow.tracking_uri=http://127.0.0.1:5000")
     assert "mlflow.pyfunc" in server and "mlflow.store.tracking.sqlalchemy_store" not in server
     assert not _modules_after_import_tracking("mlflow.enabled=false")
+
+
+def test_every_command_has_openblas_idle_workers_sleep_before_numpy_loads():
+    """The setting is read when OpenBLAS loads: the command must make it before anything imports
+    NumPy, and leave a value the user set."""
+    code = ("import os, sys\nimport pipeline.cli as cli\nset_it = cli._idle_blas_threads_sleep\n"
+            "def watched():\n    print('numpy loaded' if 'numpy' in sys.modules else 'numpy not loaded')\n    set_it()\n"
+            "    print('timeout', os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
+            "cli._idle_blas_threads_sleep = watched\ncli.main(['run', '--config', 'no-such-config.yaml'])\n")
+    env = subprocess_env()
+    env.pop("OPENBLAS_THREAD_TIMEOUT", None)
+    for given, expected in ((None, "4"), ("12", "12")):
+        if given:
+            env["OPENBLAS_THREAD_TIMEOUT"] = given
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+        assert "numpy not loaded" in done.stdout, done.stdout + done.stderr[-2000:]
+        assert f"timeout {expected}" in done.stdout, done.stdout + done.stderr[-2000:]
