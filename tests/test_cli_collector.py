@@ -5,6 +5,8 @@ import gc
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, subprocess_env
 from pipeline.cli import _kept_to_the_end
 
@@ -50,13 +52,15 @@ def test_a_run_s_mlflow_modules_are_imported_up_front_only_when_it_tracks():
     assert not _modules_after_import_tracking("mlflow.enabled=false")
 
 
-def test_every_command_has_openblas_idle_workers_sleep_before_numpy_loads():
+@pytest.mark.parametrize("command", ["main(['run', '--config', 'no-such-config.yaml'])",  # loopline
+                                     "tf_serving_main(['--version'])"])  # tensorflow_model_server
+def test_every_command_has_openblas_idle_workers_sleep_before_numpy_loads(command):
     """The setting is read when OpenBLAS loads: the command must make it before anything imports
     NumPy, and leave a value the user set."""
     code = ("import os, sys\nimport pipeline.cli as cli\nset_it = cli._idle_blas_threads_sleep\n"
             "def watched():\n    print('numpy loaded' if 'numpy' in sys.modules else 'numpy not loaded')\n    set_it()\n"
-            "    print('timeout', os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
-            "cli._idle_blas_threads_sleep = watched\ncli.main(['run', '--config', 'no-such-config.yaml'])\n")
+            "    print('timeout', os.environ['OPENBLAS_THREAD_TIMEOUT'], flush=True)\n"
+            f"cli._idle_blas_threads_sleep = watched\ncli.{command}\n")
     env = subprocess_env()
     env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     for given, expected in ((None, "4"), ("12", "12")):
