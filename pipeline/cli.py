@@ -9,6 +9,7 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.library_env import set_library_env
 from pipeline.run_lock import RunLockedError
 from pipeline.run_log import CommandLog, import_tensorflow_quietly, new_run_id
 from serving.signature_names import PREDICT_RAW
@@ -196,7 +197,7 @@ def _serve_with_tf_serving_flags(args) -> int:
 def tf_serving_main(argv: list[str] | None = None) -> int:
     """The `tensorflow_model_server` command: every argument is one of TF Serving's flags, so the
     tensorflow/serving image's entrypoint line and manifests written for it run unchanged."""
-    _idle_blas_threads_sleep()
+    set_library_env()
     _quiet_libraries()
     from serving.config import ServingConfig
     from serving.tf_serving_flags import serve_with_flags
@@ -465,15 +466,6 @@ class _DropMessages(logging.Filter):
         return not any(text in record.getMessage() for text in self.NOISE)
 
 
-def _idle_blas_threads_sleep() -> None:
-    """OpenBLAS (NumPy's and SciPy's copies, both loaded by TFX's and Keras' imports) starts a
-    worker thread per extra core that spins for 2**28 cycles before it sleeps, after its start and
-    after every threaded call: about 0.1 CPU s per copy at every start, on work that never comes.
-    At 2**4 (OpenBLAS's least) they sleep at once and still take a large product's share. Read
-    when the library loads, so set before NumPy is imported; a value the user set stays."""
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
-
 def _quiet_libraries() -> None:
     """Our progress at INFO; TFX, Beam and TensorFlow only when they warn."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -547,7 +539,7 @@ def _parse(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     args.whole_process = argv is None  # the process's own command line (the console script, python -m)
-    _idle_blas_threads_sleep()
+    set_library_env()
     _quiet_libraries()
     # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).
     log = args.log = CommandLog("-".join(filter(None, [args.command, getattr(args, "data_command", None)])),

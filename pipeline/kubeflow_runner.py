@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import ConfigError, LooplineConfig
+from pipeline.library_env import LIBRARY_ENV
 
 
 # Schemes every pod can read and write through tf.io.gfile and Beam's file systems without extra
@@ -93,8 +94,9 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
 
 
 def executor_env(config: LooplineConfig) -> dict[str, str]:
-    """Environment set on every component's container; MLflow reads these names itself."""
-    env = {"MLFLOW_EXPERIMENT_NAME": config.mlflow.experiment}
+    """Environment set on every component's container: the native libraries' (LIBRARY_ENV), and
+    MLflow's names, which it reads itself."""
+    env = {**LIBRARY_ENV, "MLFLOW_EXPERIMENT_NAME": config.mlflow.experiment}
     if config.mlflow.tracking_uri:
         env["MLFLOW_TRACKING_URI"] = config.mlflow.tracking_uri
     return env

@@ -1,6 +1,6 @@
 """`loopline run` as the process's command makes its imports with the cyclic collector off and
 sets them aside from it after; called from Python it leaves the caller's collector alone. Every
-command has OpenBLAS's idle workers sleep at once, set before NumPy loads."""
+command sets the native libraries' environment (pipeline/library_env.py) before NumPy loads."""
 import gc
 import subprocess
 import sys
@@ -57,10 +57,10 @@ def test_a_run_s_mlflow_modules_are_imported_up_front_only_when_it_tracks():
 def test_every_command_has_openblas_idle_workers_sleep_before_numpy_loads(command):
     """The setting is read when OpenBLAS loads: the command must make it before anything imports
     NumPy, and leave a value the user set."""
-    code = ("import os, sys\nimport pipeline.cli as cli\nset_it = cli._idle_blas_threads_sleep\n"
+    code = ("import os, sys\nimport pipeline.cli as cli\nset_it = cli.set_library_env\n"
             "def watched():\n    print('numpy loaded' if 'numpy' in sys.modules else 'numpy not loaded')\n    set_it()\n"
             "    print('timeout', os.environ['OPENBLAS_THREAD_TIMEOUT'], flush=True)\n"
-            f"cli._idle_blas_threads_sleep = watched\ncli.{command}\n")
+            f"cli.set_library_env = watched\ncli.{command}\n")
     env = subprocess_env()
     env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     for given, expected in ((None, "4"), ("12", "12")):

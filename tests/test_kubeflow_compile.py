@@ -108,6 +108,7 @@ def test_root_data_mlflow_and_beam_args_reach_the_pods(compiled):
         env = {e["name"]: e["value"] for e in executor["container"]["env"]}
         assert env["MLFLOW_TRACKING_URI"] == MLFLOW, name
         assert env["MLFLOW_EXPERIMENT_NAME"] == "loopline", name
+        assert env["OPENBLAS_THREAD_TIMEOUT"] == "4", name  # TFX's entry point there, not our CLI
     example_gen = spec["deploymentSpec"]["executors"]["CsvExampleGen_executor"]["container"]
     for arg in json.loads(BEAM):
         assert arg in example_gen["args"]
