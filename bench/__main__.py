@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,23 @@ def append_run(path: Path, result: dict) -> int:
     return len(runs)
 
 
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # what TensorFlow's and oneDNN's kernels pick by
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """The CPU's model name and its vector extensions, from /proc/cpuinfo (empty elsewhere): two
+    machines of "the same kind" (2 shared cores) can differ by two in CPU seconds per run."""
+    try:
+        with open(cpuinfo) as f:
+            info = f.read()
+    except OSError:
+        return {}
+    name = re.search(r"^model name\s*:\s*(.*)$", info, re.M)
+    flags = re.search(r"^flags\s*:\s*(.*)$", info, re.M)
+    return {"cpu_model": name.group(1).strip() if name else None,
+            "cpu_vector_flags": [f for f in VECTOR_FLAGS if flags and f in flags.group(1).split()]}
+
+
 def machine() -> dict:
     import tensorflow as tf
 
@@ -41,6 +59,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
+        **cpu_model(),
         "tensorflow": tf.__version__,
     }
 
