@@ -325,3 +325,42 @@ def test_champion_failing_mid_pass_refuses_the_candidate_whose_evaluation_comple
     lenient = evaluate_and_decide(new, split, old, EvaluatorConfig(batch_size=4, on_champion_error="thresholds_only"),
                                   open_signature=_recording([], ("old", 2)))
     assert blessed_but_for_the_floor(lenient) and "thresholds alone" in " ".join(lenient.reasons)
+
+
+def test_each_batch_is_scored_in_one_graph_traced_once_with_the_eager_figures(two_layouts, monkeypatch):
+    """The Evaluator scores a batch (labels encoded, the candidate's and the trivial model's losses,
+    the per-row gains) in one compiled call, traced once whatever the last batch's size; the
+    figures are those of the same steps run eagerly, batch by batch."""
+    import trainer.evaluation as evaluation
+    from trainer.heads import CLASSIFICATION, HeadTotals
+    from trainer.trivial import TrivialModel
+
+    new, _, split = two_layouts
+    heads = evaluation.read_signature(new)[1]
+    summaries = {h.name: {v: i + 1 for i, v in enumerate(h.vocabulary)} if h.kind == CLASSIFICATION else 4000.0
+                 for h in heads}
+    compiled, original = [], evaluation._compiled
+    monkeypatch.setattr(evaluation, "_compiled", lambda *args: compiled.append(original(*args)) or compiled[-1])
+    trivial = TrivialModel.from_label_summaries(heads, summaries)
+    batches = evaluation.example_batches(split, 4, evaluation.label_kinds(heads))  # 4, 4 and 2 rows
+    metrics = evaluation.evaluate_with_champion(new, None, batches, trivial=trivial)[0]
+    assert len(compiled) == 1 and compiled[0].experimental_get_tracing_count() == 1
+
+    eager_trivial, totals = TrivialModel.from_label_summaries(heads, summaries), HeadTotals(heads)
+    signature, keys = evaluation.evaluation_signature(2, heads)
+    with evaluation.eager_signature(new, signature) as call:
+        for batch, labels in evaluation.example_batches(split, 4, evaluation.label_kinds(heads)):
+            out = call({"inputs": batch})
+            targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in heads}
+            outputs = {h.name: tf.constant(out[keys[h.name]], tf.float32) for h in heads}
+            eager_trivial.score(targets, totals.add(targets, outputs))
+    assert metrics["species_examples"] == 10 and metrics.keys() == totals.metrics().keys()
+    for got, want in ((metrics, totals.metrics()), (trivial.metrics(), eager_trivial.metrics())):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    gains, eager_gains = trivial.gains(), eager_trivial.gains()
+    assert gains.keys() == eager_gains.keys() == {h.name for h in heads}
+    for name, gain in eager_gains.items():
+        assert gains[name].rows == gain.rows == 10
+        assert gains[name].mean == pytest.approx(gain.mean, rel=1e-6)
+        assert gains[name].standard_error == pytest.approx(gain.standard_error, rel=1e-6)

@@ -114,6 +114,7 @@ class RunningEvaluation:
         self.label_kinds = label_kinds(self.heads)
         self._totals = HeadTotals(self.heads)
         self._trivial = trivial
+        self._scores = None  # _batch_scores compiled, at the first batch
         self._open = ExitStack()
         self._call = self._open.enter_context(open_signature(saved_model_dir, signature))
 
@@ -126,12 +127,25 @@ class RunningEvaluation:
         if labels is None:
             labels = parse_examples(tf.constant(batch), self.label_kinds)
         out = self._call({names.INPUTS: batch})
-        targets = {h.name: h.encode_label(tf.constant(labels[h.name])) for h in self.heads}
-        outputs = {h.name: tf.constant(out[self._keys[h.name]], tf.float32) for h in self.heads}
-        losses = self._totals.add(targets, outputs)
+        labels = {h.name: tf.convert_to_tensor(labels[h.name]) for h in self.heads}
+        outputs = {h.name: tf.convert_to_tensor(out[self._keys[h.name]]) for h in self.heads}
+        if self._scores is None:
+            self._scores = _compiled(self._batch_scores, labels, outputs)
+        sums, trivial = self._scores(labels, outputs)
+        self._totals.add_sums(sums)
         if self._trivial is not None:
-            self._trivial.score(targets, losses)
+            self._trivial.add_scores(*trivial)
         return out
+
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
+    def _batch_scores(self, labels: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]):
+        """One batch's sums (HeadTotals) and the trivial model's beside them, in one graph: eagerly,
+        their few dozen small ops per batch cost as much as the model's call."""
+        targets = {h.name: h.encode_label(labels[h.name]) for h in self.heads}
+        outputs = {name: tf.cast(value, tf.float32) for name, value in outputs.items()}
+        losses = self._totals.row_losses(targets, outputs)
+        trivial = self._trivial.batch_scores(targets, losses) if self._trivial is not None else ({}, {})
+        return self._totals.batch_sums(targets, outputs, losses), trivial
 
     @property
     def output_keys(self) -> dict[str, str]:
@@ -140,6 +154,15 @@ class RunningEvaluation:
 
     def metrics(self) -> dict[str, float]:
         return self._totals.metrics()
+
+
+def _compiled(function: Callable, *examples: dict[str, tf.Tensor]) -> Callable:
+    """`function` as a tf.function for arguments shaped as `examples` with any number of rows:
+    traced once, whatever the last batch's size."""
+    def spec(value: tf.Tensor) -> tf.TensorSpec:
+        return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+
+    return tf.function(function, input_signature=[{k: spec(v) for k, v in e.items()} for e in examples])
 
 
 def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches: Iterable[Batch],

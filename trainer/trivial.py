@@ -91,16 +91,30 @@ class TrivialModel:
         """Scores the constant predictions against one batch's encoded targets (by head name, as
         `Head.encode_label` gives them) and, given the candidate's row losses on the same rows (its
         `HeadTotals.add` answer), adds each row's loss gain of the candidate over them (`gains`)."""
-        rows = len(next(iter(targets.values())))
-        constant = {h.name: tf.constant(np.tile(self.predictions[h.name], (rows, 1))) for h in self.heads}
-        trivial = self.totals.add(targets, constant)
-        if candidate is None:
-            return
-        for head in self.heads:
+        self.add_scores(*self.batch_scores(targets, candidate))
+
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
+    def batch_scores(self, targets: dict[str, tf.Tensor], candidate: RowLosses | None = None,
+                     ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """`score`'s work on one batch, traceable (the Evaluator compiles it with the candidate's):
+        the constant predictions' `HeadTotals.batch_sums`, and per head the gains' rows, sum and
+        sum of squares (float64) over the rows labelled for it."""
+        rows = tf.shape(next(iter(targets.values())))[0]
+        constant = {h.name: tf.tile(tf.constant(self.predictions[h.name])[tf.newaxis, :], [rows, 1]) for h in self.heads}
+        trivial = self.totals.row_losses(targets, constant)
+        gains = {}
+        for head in self.heads if candidate is not None else ():
             (trivial_loss, mask), (candidate_loss, _) = trivial[head.name], candidate[head.name]
-            gain = (trivial_loss - candidate_loss).numpy().astype(np.float64)[mask.numpy() > 0]
-            sums = self._gain_sums.setdefault(head.name, np.zeros(3))
-            sums += (gain.size, gain.sum(), np.square(gain).sum())
+            gain = tf.cast(tf.boolean_mask(trivial_loss - candidate_loss, mask > 0), tf.float64)
+            gains[head.name] = tf.stack([tf.cast(tf.size(gain), tf.float64), tf.reduce_sum(gain),
+                                         tf.reduce_sum(tf.square(gain))])
+        return self.totals.batch_sums(targets, constant, trivial), gains
+
+    def add_scores(self, sums: dict[str, tf.Tensor], gains: dict[str, tf.Tensor]) -> None:
+        """Adds one batch's `batch_scores` (computed eagerly or returned by a compiled step)."""
+        self.totals.add_sums(sums)
+        for name, values in gains.items():
+            self._gain_sums[name] = self._gain_sums.get(name, np.zeros(3)) + np.asarray(values, np.float64)
 
     def gains(self) -> dict[str, Gain]:
         """Per head, the candidate's per-row loss gain over the trivial model on the scored rows."""
