@@ -76,8 +76,8 @@ Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
 
 
 def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None) -> Iterator[Batch]:
-    """The split streamed in batches, the `labels` columns (label_kinds) parsed while the models
-    run: memory holds a few batches, whatever the split's size."""
+    """The split streamed in batches with the `labels` columns (label_kinds) parsed, the next
+    batch read while the models run: memory holds a few batches, whatever the split's size."""
     chunks = record_chunks(file_pattern, batch_size)
     # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
     parse = tf.autograph.experimental.do_not_convert(lambda serialized: parse_examples(serialized, labels))
