@@ -36,6 +36,14 @@ def test_several_files_are_left_to_tf_data_and_none_is_an_error(tmp_path):
         inputs.record_chunks(str(tmp_path / "missing-*"), 16)
 
 
+def test_without_the_record_reader_the_read_is_tf_data(tmp_path, monkeypatch):
+    path = _split(tmp_path / "train.gz")
+    monkeypatch.delattr(tf.compat.v1.io, "tf_record_iterator")
+    assert inputs.record_chunks(path, 16) is None
+    kinds = infer_feature_kinds(path)
+    assert int(tf.shape(inputs.parsed_columns(path, kinds, 2**30)["x"])[0]) == 50
+
+
 def test_a_corrupt_record_is_refused_as_tf_data_refuses_it(tmp_path):
     path = _split(tmp_path / "train.gz")
     raw = bytearray(gzip.decompress(open(path, "rb").read()))

@@ -39,14 +39,16 @@ def record_chunks(file_pattern: str, size: int) -> Iterator[list[bytes]] | None:
     record reader (any file system, each record's CRC checked), for a pass that reads a split of
     one file once, in order: tf.data makes an element of every record, which costs more than
     the read (665k records: 2.3-2.9 CPU s through TFRecordDataset and batch, 1.4 this way). None
-    when the split has more files: record_dataset interleaves them, and its order is kept."""
+    when the split has more files (record_dataset interleaves them, and its order is kept), or
+    where TensorFlow no longer has the reader (deprecated for tf.data): the caller reads with tf.data."""
     files = tf.io.gfile.glob(file_pattern)
     if not files:
         raise FileNotFoundError(f"no TFRecord files match {file_pattern}")
-    if len(files) > 1:
+    reader = getattr(tf.compat.v1.io, "tf_record_iterator", None)
+    if len(files) > 1 or reader is None:
         return None
     with deprecation.silence():  # deprecated for tf.data, which is what costs here
-        records = tf.compat.v1.io.tf_record_iterator(files[0], tf.io.TFRecordOptions(compression_type="GZIP"))
+        records = reader(files[0], tf.io.TFRecordOptions(compression_type="GZIP"))
     return _read_ahead(lambda: list(itertools.islice(records, size)))
 
 
