@@ -12,7 +12,7 @@ import tensorflow as tf
 from serving import signature_names as names
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
-from trainer.inputs import read_once, record_chunks, record_dataset
+from trainer.inputs import parsed_chunks, read_once, record_dataset
 
 
 def read_description(saved_model_dir: str) -> dict:
@@ -78,31 +78,10 @@ Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
 def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None) -> Iterator[Batch]:
     """The split streamed in batches with the `labels` columns (label_kinds) parsed, the next
     batch read while the models run: memory holds a few batches, whatever the split's size."""
-    chunks = record_chunks(file_pattern, batch_size)
     # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
     parse = tf.autograph.experimental.do_not_convert(lambda serialized: parse_examples(serialized, labels))
-    if chunks is not None:
-        parse_chunk = tf.function(parse, input_signature=[tf.TensorSpec([None], tf.string)])
-        return ((np.array(chunk, dtype=object), {k: v.numpy() for k, v in parse_chunk(tf.constant(chunk)).items()})
-                for chunk in _first_rows(chunks, limit))
-    dataset = record_dataset(file_pattern)
-    if limit:
-        dataset = dataset.take(limit)
-    dataset = dataset.batch(batch_size).map(lambda serialized: (serialized, parse(serialized)),
-                                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return read_once(dataset.prefetch(1)).as_numpy_iterator()
-
-
-def _first_rows(chunks: Iterator[list], limit: int | None) -> Iterator[list]:
-    """The chunks up to `limit` rows in all (None or 0: all of them, as `example_batches` reads them)."""
-    if not limit:
-        yield from chunks
-        return
-    for chunk in chunks:
-        yield chunk[:limit]
-        limit -= len(chunk)
-        if limit <= 0:
-            return
+    return ((serialized.numpy(), {k: v.numpy() for k, v in parsed.items()})
+            for serialized, parsed in parsed_chunks(file_pattern, batch_size, parse, limit))
 
 
 # A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.

@@ -62,6 +62,41 @@ def _read_ahead(read: Callable[[], list]) -> Iterator[list]:
             yield chunk
 
 
+def parsed_chunks(file_pattern: str, size: int, parse: Callable, limit: int | None = None
+                  ) -> Iterator[tuple[tf.Tensor, dict[str, tf.Tensor]]]:
+    """The split's first `limit` records (None or 0: all) in record_dataset's order, `size` at a
+    time: each chunk of serialized records and `parse`'s answer for it. Read by `record_chunks`
+    where it can, else by tf.data (the chunks parsed in parallel)."""
+    chunks = record_chunks(file_pattern, size)  # raises here when no file matches
+    if chunks is None:
+        dataset = record_dataset(file_pattern)
+        if limit:
+            dataset = dataset.take(limit)
+        dataset = dataset.batch(size).map(lambda serialized: (serialized, parse(serialized)),
+                                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return iter(read_once(dataset.prefetch(1)))
+    parse_chunk = tf.function(parse, input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def parsed():
+        for chunk in _first_rows(chunks, limit):
+            serialized = tf.constant(chunk)
+            yield serialized, parse_chunk(serialized)
+
+    return parsed()
+
+
+def _first_rows(chunks: Iterator[list], limit: int | None) -> Iterator[list]:
+    """The chunks up to `limit` rows in all (None or 0: all of them, as dataset.take is skipped then)."""
+    if not limit:
+        yield from chunks
+        return
+    for chunk in chunks:
+        yield chunk[:limit]
+        limit -= len(chunk)
+        if limit <= 0:
+            return
+
+
 def _splitter(kinds: FeatureKinds, heads: list[Head]):
     labels = {head.name for head in heads}
 
@@ -122,14 +157,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows:
         return parsed if mark is None else {**parsed, MARKED: mark(serialized)}
 
     chunks, size = [], 0
-    serialized = record_chunks(file_pattern, _CHUNK)
-    if serialized is not None:
-        parse_chunk = tf.function(parse, input_signature=[tf.TensorSpec([None], tf.string)])
-        chunks_parsed = (parse_chunk(tf.constant(chunk)) for chunk in serialized)
-    else:
-        chunks_parsed = read_once(record_dataset(file_pattern).batch(_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-                                  .prefetch(1))
-    for parsed in chunks_parsed:
+    for _, parsed in parsed_chunks(file_pattern, _CHUNK, parse):
         for column in parsed.values():
             size += int(tf.reduce_sum(tf.strings.length(column))) + 16 * int(tf.size(column)) \
                 if column.dtype == tf.string else column.dtype.size * int(tf.size(column))
