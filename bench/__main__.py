@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 from bench.report import write_report
+from tracking.system_info import git_commit
 
 BENCHMARKS = ["train", "serving", "tflite", "pipeline"]  # `make bench` (all)
 LONG = ["scale", "quality"]  # long: only when named, `make bench BENCH=scale` or `BENCH=quality`
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
 
 
 def append_run(path: Path, result: dict) -> int:
@@ -74,10 +76,14 @@ def main(argv=None) -> int:
         print(f"bench: unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS + LONG}", file=sys.stderr)
         return 2
     RESULTS.mkdir(exist_ok=True)
+    commit = git_commit(str(REPO))  # before this invocation writes its results
     for name in names:
         module = importlib.import_module(f"bench.{name}")
         started = time.time()
         result = module.run()
+        # What was measured: the code ('-dirty': tracked files differed from the commit) and, in words, BENCH_LABEL.
+        result["commit"] = commit
+        result["label"] = os.environ.get("BENCH_LABEL", "")
         result["machine"] = machine()
         result["wall_seconds"] = round(time.time() - started, 1)
         result["date"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))

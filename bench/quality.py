@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import tempfile
 import time
 import warnings
@@ -311,12 +310,11 @@ def measure_table(table: Table, seeds: list[int], work: Path) -> dict:
     return result
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
+def _short(commit: str | None) -> str:
+    """A run's commit as the tables show it: 7 hex digits, and '-dirty' where the tree differed."""
+    if not commit:
+        return "unknown"
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
 def run() -> dict:
@@ -328,7 +326,7 @@ def run() -> dict:
         results = {t.name: measure_table(t, seeds, work) for t in tables}
     met = [name for name, r in results.items() if r.get("gap", {}).get("met")]
     gaps = [r["gap"]["relative_advantage"] for r in results.values() if "gap" in r]
-    return {"label": os.environ.get("BENCH_LABEL", ""), "commit": _commit(), "seeds": seeds, "tables": results,
+    return {"seeds": seeds, "tables": results,
             "tables_within_target": len(met), "tables_measured": len(results),
             "tables_failed": sorted(name for name, r in results.items() if "gap" not in r),
             "mean_relative_advantage_over_best_baseline": round(sum(gaps) / len(gaps), 4) if gaps else None}
@@ -369,7 +367,7 @@ def markdown_table(result: dict) -> str:
     advantage = result["mean_relative_advantage_over_best_baseline"]
     lines.append(f"{result['tables_within_target']} of {result['tables_measured']} tables within the target; "
                  + (f"mean relative advantage over the best baseline {advantage * 100:+.1f}% " if advantage is not None else "")
-                 + f"(commit {result['commit'] or 'unknown'}, seeds {result['seeds']}).")
+                 + f"(commit {_short(result.get('commit'))}, seeds {result['seeds']}).")
     return "\n".join(lines) + "\n"
 
 

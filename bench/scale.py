@@ -477,7 +477,6 @@ def run() -> dict:
 
     return {
         **headline(results, read_runs()),
-        "label": os.environ.get("BENCH_LABEL", ""),
         "memory_growth": {
             "sizes": [small["rows"], large["rows"]],
             "floor_mb": MEMORY_FLOOR_MB,

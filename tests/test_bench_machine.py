@@ -19,3 +19,32 @@ def test_cpu_model_reads_the_name_and_the_vector_flags(tmp_path):
 
 def test_cpu_model_without_cpuinfo_is_empty(tmp_path):
     assert cpu_model(str(tmp_path / "missing")) == {}
+
+
+def test_every_run_records_its_commit_and_label(tmp_path, monkeypatch):
+    """`python -m bench` stamps each run with the code it measured and BENCH_LABEL's words,
+    whichever benchmark ran (the benchmark's own figures kept)."""
+    import json
+    import sys
+    import types
+
+    import bench.__main__ as bench_main
+
+    fake = types.ModuleType("bench.fake")
+    fake.run = lambda: {"figure": 1.5}
+    monkeypatch.setitem(sys.modules, "bench.fake", fake)
+    monkeypatch.setattr(bench_main, "LONG", [*bench_main.LONG, "fake"])
+    monkeypatch.setattr(bench_main, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench_main, "write_report", lambda: "report")
+    monkeypatch.setattr(bench_main, "machine", lambda: {"cpus": 2})
+    monkeypatch.setattr(bench_main, "git_commit", lambda folder: "abc123-dirty")
+    monkeypatch.setenv("BENCH_LABEL", "after the change")
+
+    assert bench_main.main(["--only", "fake"]) == 0
+    monkeypatch.delenv("BENCH_LABEL")
+    assert bench_main.main(["--only", "fake"]) == 0
+
+    runs = json.loads((tmp_path / "fake.json").read_text())["runs"]
+    assert [(r["figure"], r["commit"], r["label"]) for r in runs] == [(1.5, "abc123-dirty", "after the change"),
+                                                                       (1.5, "abc123-dirty", "")]
+    assert runs[0]["machine"] == {"cpus": 2} and "date" in runs[0]
