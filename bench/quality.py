@@ -36,6 +36,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.report import short_commit
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "quality.json"
 SPLIT_SEED = 0
@@ -310,13 +312,6 @@ def measure_table(table: Table, seeds: list[int], work: Path) -> dict:
     return result
 
 
-def _short(commit: str | None) -> str:
-    """A run's commit as the tables show it: 7 hex digits, and '-dirty' where the tree differed."""
-    if not commit:
-        return "unknown"
-    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
-
-
 def run() -> dict:
     only = [t for t in os.environ.get("QUALITY_TABLES", "").split(",") if t]
     seeds = list(range(int(os.environ.get("QUALITY_SEEDS", "5"))))
@@ -367,7 +362,7 @@ def markdown_table(result: dict) -> str:
     advantage = result["mean_relative_advantage_over_best_baseline"]
     lines.append(f"{result['tables_within_target']} of {result['tables_measured']} tables within the target; "
                  + (f"mean relative advantage over the best baseline {advantage * 100:+.1f}% " if advantage is not None else "")
-                 + f"(commit {_short(result.get('commit'))}, seeds {result['seeds']}).")
+                 + f"(commit {short_commit(result.get('commit'))}, seeds {result['seeds']}).")
     return "\n".join(lines) + "\n"
 
 

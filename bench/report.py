@@ -8,6 +8,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def short_commit(commit: str | None) -> str:
+    """A run's commit as the generated pages show it: 7 hex digits, '-dirty' where the tree differed."""
+    if not commit:
+        return "unknown"
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def _format(value):
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"

@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.report import short_commit
+
 REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE, EPOCHS = 256, 1
 MEMORY_FLOOR_MB = 32.0
@@ -566,7 +568,9 @@ def markdown(runs: list[dict]) -> str:
     """The before/previous/after tables at 1M rows (_columns) and, from the latest run with 10M
     rows, its own table."""
     columns = _columns(runs)
-    dates = ", ".join(f"{name}: {run.get('label') or 'run'} of {run['date']} UTC" for name, run in columns)
+    dates = ", ".join(f"{name}: {run.get('label') or 'run'}"
+                      + (f" (commit {short_commit(run['commit'])})" if run.get("commit") else "")
+                      + f" of {run['date']} UTC" for name, run in columns)
     out = [f"Runs shown: {dates}.", "", "### Ratios at 1M rows", "", ratio_table(columns),
            "### Where the time goes, 1M rows", "",
            component_table([(label, _size(run, 1_000_000)) for label, run in columns])]

@@ -1,5 +1,6 @@
 """The machine entry of every bench run names the CPU, so runs on different machines can be told apart."""
 from bench.__main__ import cpu_model
+from bench.report import short_commit
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -48,3 +49,10 @@ def test_every_run_records_its_commit_and_label(tmp_path, monkeypatch):
     assert [(r["figure"], r["commit"], r["label"]) for r in runs] == [(1.5, "abc123-dirty", "after the change"),
                                                                        (1.5, "abc123-dirty", "")]
     assert runs[0]["machine"] == {"cpus": 2} and "date" in runs[0]
+
+
+def test_pages_name_a_runs_commit_short_and_whether_the_tree_differed():
+    assert short_commit("0123456789abcdef0123456789abcdef01234567-dirty") == "0123456-dirty"
+    assert short_commit("0123456789abcdef0123456789abcdef01234567") == "0123456"
+    assert short_commit("0569f6f") == "0569f6f"  # quality runs written before every run was stamped
+    assert short_commit(None) == short_commit("") == "unknown"

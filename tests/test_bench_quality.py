@@ -21,12 +21,6 @@ def test_the_docs_show_the_table_generated_from_the_results():
     assert shown == quality.markdown(runs).strip(), "regenerate the table: python -m bench.quality --docs"
 
 
-def test_the_tables_name_the_commit_short_and_whether_the_tree_differed():
-    assert quality._short("0123456789abcdef0123456789abcdef01234567-dirty") == "0123456-dirty"
-    assert quality._short("0569f6f") == "0569f6f"  # runs written before the commit was stamped centrally
-    assert quality._short(None) == quality._short("") == "unknown"
-
-
 @pytest.mark.slow
 def test_one_table_end_to_end(tmp_path):
     """wine through `loopline run` (one seed) and scikit-learn on the same CSVs; the trivial floor the
