@@ -61,7 +61,8 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
     wrapper.load_context(type("Context", (), {"artifacts": {"saved_model": saved_model_dir}})())
     signature = infer_signature(input_example, wrapper.predict(None, input_example))
 
-    with fluent_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    with fluent_tracking_uri(tracking_uri), pins_checked_without_module_map(), \
+            mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
         info = mlflow.pyfunc.log_model(
             name=name,
             python_model=PYFUNC_CODE,
@@ -71,6 +72,27 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
             pip_requirements=_requirements(),
         )
     return info.model_uri
+
+
+@contextlib.contextmanager
+def pins_checked_without_module_map():
+    """MLflow checks each pin against the installed version (`importlib.metadata.version`), but first
+    maps every installed distribution to its modules (`packages_distributions()`, a stat of every
+    file of every distribution: 0.7-2 CPU seconds a process). The map only serves to import a pinned
+    package that has no distribution metadata, which `_requirements` never pins; so while the model
+    is logged the map starts empty, and the versions are still compared. A map already built, or an
+    MLflow without this module state, is left as it is."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", "absent") is not None:
+        yield
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
+        requirements_utils._PACKAGES_TO_MODULES = None
 
 
 @contextlib.contextmanager
