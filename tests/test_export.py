@@ -145,6 +145,33 @@ def test_one_converter_makes_each_variant_as_a_converter_of_its_own(exported, tr
     assert tflite.convert_variants(str(serving), []) == {}
 
 
+def test_the_converter_uses_the_saved_model_already_loaded(exported, monkeypatch):
+    """Given the folder's SavedModel as loaded, the converter loads it no more (TensorFlow's
+    converter otherwise loads it when made and in every convert()), makes the same bytes, and
+    TensorFlow's loader is back in place after."""
+    from tensorflow.lite.python import lite
+
+    _, serving, artifact = exported
+    loads = []
+    original = lite._load
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lite, "_load", counted)
+    variants = ["float32", "dynamic_range"]
+    alone = tflite.convert_variants(str(serving), variants)
+    assert len(loads) == 1 + len(variants)  # what the reuse saves
+    loads.clear()
+    reused = tflite.convert_variants(str(serving), variants, loaded=tf.saved_model.load(str(serving)))
+    assert loads == []
+    assert lite._load is counted
+    assert reused == alone
+    for variant, content in reused.items():
+        assert content == (artifact / TFLITE_DIR / f"model_{variant}.tflite").read_bytes(), variant
+
+
 def test_string_inputs_convert_to_builtins_and_match(exported, trained):
     _, serving, artifact = exported
     from ai_edge_litert.interpreter import Interpreter

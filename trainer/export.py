@@ -268,7 +268,7 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         representative = _parsed_numpy(read_examples(train_pattern, config.representative_examples), kinds)
     tf.io.gfile.makedirs(os.path.join(artifact_dir, TFLITE_DIR))
     results = []
-    for variant, content in tflite.convert_variants(serving_dir, config.tflite_variants, representative).items():
+    for variant, content in tflite.convert_variants(serving_dir, config.tflite_variants, representative, loaded).items():
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
         _write(path, content)
         result = tflite.check_variant(variant, content, reference, features, labels, heads,

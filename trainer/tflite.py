@@ -53,19 +53,45 @@ class VariantReport:
 
 
 def convert_variants(saved_model_dir: str, variants: list[str],
-                     representative: dict[str, np.ndarray] | None = None) -> dict[str, bytes]:
-    """Converts the SavedModel's `predict_raw` signature to each variant, with one converter: its
-    making loads the SavedModel, and each variant sets every option a variant sets (the same bytes
-    as a converter of its own)."""
+                     representative: dict[str, np.ndarray] | None = None, loaded=None) -> dict[str, bytes]:
+    """Converts the SavedModel's `predict_raw` signature to each variant, with one converter: each
+    variant sets every option a variant sets (the same bytes as a converter of its own). `loaded`:
+    the folder's SavedModel as the caller already loaded it (`tf.saved_model.load`), which the
+    converter then uses instead of loading it again."""
     if not variants:
         return {}
-    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE])
     out = {}
-    with _collector_sees_new_objects_only():
-        for variant in variants:
-            _set_variant(converter, variant, representative)
-            out[variant] = converter.convert()
+    with _saved_model_loaded_once(saved_model_dir, loaded):
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE])
+        with _collector_sees_new_objects_only():
+            for variant in variants:
+                _set_variant(converter, variant, representative)
+                out[variant] = converter.convert()
     return out
+
+
+@contextmanager
+def _saved_model_loaded_once(saved_model_dir: str, loaded):
+    """TensorFlow's SavedModel converter loads the whole SavedModel when it is made, and again in
+    every convert() only to read its debug information (about 0.3 CPU s each for the penguins
+    model). Those loads of this folder get `loaded` instead: the same folder, so the same functions
+    and debug information, and the same bytes out. Other folders, or a TensorFlow whose converter
+    loads otherwise, go on as before."""
+    from tensorflow.lite.python import lite
+
+    load = getattr(lite, "_load", None)
+    if loaded is None or load is None:
+        yield
+        return
+
+    def load_once(export_dir, tags=None, options=None):
+        return loaded if export_dir == saved_model_dir else load(export_dir, tags, options)
+
+    lite._load = load_once
+    try:
+        yield
+    finally:
+        lite._load = load
 
 
 def _set_variant(converter: tf.lite.TFLiteConverter, variant: str, representative: dict[str, np.ndarray] | None) -> None:
