@@ -57,6 +57,37 @@ def test_a_waiting_run_starts_when_the_holder_ends(tmp_path):
     assert order == ["a ends", "b starts"]
 
 
+def test_a_waiting_run_keeps_its_turn_against_a_run_that_arrives_as_the_holder_ends(tmp_path, monkeypatch):
+    """A waiting run polls the lock; a run arriving between the holder's end and that poll (here
+    made 2 s long) finds the lock free but the turn taken, and does not run first."""
+    from pipeline import run_lock as module
+
+    monkeypatch.setattr(module, "POLL_SECONDS", 2)
+    metadata = str(tmp_path / "metadata.sqlite")
+    order = []
+
+    def second():
+        with run_lock(metadata, "loopline run b", wait_seconds=30):
+            order.append("b runs")
+
+    with run_lock(metadata, "loopline run a", wait_seconds=0):
+        thread = threading.Thread(target=second)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while "loopline run b" not in module.read_holder(module.queue_path(lock_path(metadata))):
+            assert time.monotonic() < deadline, "b never took its turn"
+            time.sleep(0.01)
+    with pytest.raises(RunLockedError) as raised:  # the lock is free: a is over, b has not polled yet
+        with run_lock(metadata, "loopline run c", wait_seconds=0):
+            order.append("c runs")
+    thread.join()
+    assert order == ["b runs"]
+    assert "next in turn loopline run b (user" in str(raised.value) and "\n" not in str(raised.value)
+    with run_lock(metadata, "loopline run c", wait_seconds=0):  # the turn is released with b's start
+        order.append("c runs")
+    assert order == ["b runs", "c runs"]
+
+
 def test_the_lock_of_a_killed_run_is_released_by_the_os(tmp_path):
     metadata = str(tmp_path / "metadata.sqlite")
     ready = tmp_path / "ready"
