@@ -356,3 +356,37 @@ def test_train_step_override_that_bypasses_the_helpers_refuses_their_keys(regres
                                          r"cannot apply"):
         train(config, *regression, "target")
     train(config.model_copy(update={"clip_norm": None}), *regression, "target")  # nothing to lose: it runs
+
+
+PYTHON_IF_ON_TENSORS = '''
+
+def loss_weights(step):
+    if step >= 3:  # a Python `if` on a tensor: autograph makes it a tf.cond, as in any tf.function
+        return {"target": 0.0}
+    return {"target": 1.0}
+
+
+def build_metrics(ctx):
+    def select(targets, outputs):
+        predicted = outputs["target"]
+        if tf.reduce_mean(predicted) > 1e9:  # never: only the graph's tf.cond takes it
+            predicted = predicted * 0.0
+        return targets["target"], predicted
+
+    return {"target_mse": (keras.metrics.MeanSquaredError(), select)}
+'''
+
+
+def test_the_modules_hooks_are_converted_by_autograph_though_the_loops_own_step_is_not(regression, tmp_path):
+    """loopline's step and evaluation are traced without autograph; the module's loss_weights and
+    its metrics' select still run Python `if`s on tensors (unconverted, tracing would refuse them)."""
+    module = write_module(tmp_path, "import keras\n" + PYTHON_IF_ON_TENSORS)
+    recorder = Recorder(module)
+    config = TrainerConfig(module_file=module, epochs=1, max_steps=5, learning_rate=0.01, steps_per_loop=1)
+    result = train(config, *regression, "target", metric_sinks=[recorder])
+    loss, target_loss, probe = recorder.series("loss"), recorder.series("loss/target"), recorder.probe
+    assert all(value > 0.05 for value in target_loss)  # the head's own loss, unweighted, at every step
+    assert loss[0] == pytest.approx(target_loss[0], abs=1e-3)  # weight 1 (the probe's term is 0 at step 1)
+    # From step 3 the head weighs 0: what is left is the probe's own loss (its value before the step).
+    assert loss[2:] == pytest.approx([probe[s - 1] for s in sorted(probe)[2:]], abs=1e-5)
+    assert result.metrics["target_mse"] > 0

@@ -225,7 +225,19 @@ def loss_weights_hook(module: ModuleType | None):
     if not 1 <= count <= 3:
         raise ValueError(f"loss_weights must take (step), (step, losses) or (step, losses, model); it takes {count} "
                          "positional arguments")
+    hook = module_code(hook)
     return lambda step, losses, model: hook(*(step, losses, model)[:count])
+
+
+def module_code(fn):
+    """A module's function run as a tf.function runs the code it calls: converted by autograph
+    where it is traced (its Python `if` and `for` on tensors become graph control flow), as
+    written where it runs eagerly (trainer.debug: breakpoints work). loopline's own step and
+    evaluation are traced without autograph (they have no such control flow, and converting them
+    cost about half a CPU second a run), so each module function they call is converted on its own. Wrap
+    outside any trace: inside one traced without autograph, the function would not be converted."""
+    converted = tf.__internal__.autograph.tf_convert(fn, tf.__internal__.autograph.control_status_ctx())
+    return lambda *args, **kwargs: (converted if tf.inside_function() else fn)(*args, **kwargs)
 
 
 def declared_head_kinds(module: ModuleType | None) -> dict[str, str]:

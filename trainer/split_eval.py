@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from trainer.heads import Head, HeadTotals
+from trainer.model import module_code
 
 
 def user_metrics(module, ctx) -> dict[str, tuple[keras.metrics.Metric, Callable]]:
@@ -38,7 +39,9 @@ class SplitEvaluation:
         self.metrics = metrics or {}
         self.batch_metrics = batch_metrics  # legacy: batch means, weighted by batch size
         self.loss_weights = loss_weights  # (step, losses, model) -> {head: weight}
-        self.step = tf.function(self._step, input_signature=list(dataset.element_spec))
+        # The module's metric updates and selects, converted by autograph; the step itself is loopline's.
+        self._updates = [(module_code(metric.update_state), module_code(select)) for metric, select in self.metrics.values()]
+        self.step = tf.function(self._step, input_signature=list(dataset.element_spec), autograph=False)
 
     def on(self, dataset: tf.data.Dataset) -> "SplitEvaluation":
         """The same evaluation of another split: it shares this one's traced step (and its metric
@@ -52,8 +55,8 @@ class SplitEvaluation:
 
     def _step(self, features, targets):
         outputs = self.model(features, training=False)
-        for metric, select in self.metrics.values():
-            metric.update_state(*select(targets, outputs))
+        for update, select in self._updates:
+            update(*select(targets, outputs))
         return outputs, HeadTotals(self.heads).batch_sums(targets, outputs)  # sums in the graph, not eagerly
 
     def __call__(self, step: int = 0) -> dict[str, float]:

@@ -65,6 +65,7 @@ def build_replica_step(run: Run):
     float16 = config.precision == "mixed_float16"
     weights_fn, stepped = run.weights_fn, run.stepped
 
+    @tf.autograph.experimental.do_not_convert  # loopline's own code; the module's loss_weights is converted (module_code)
     def replica_step(batches, step, halted):
         """One optimizer step on this replica's share of `grad_accum_steps` batches; `halted`:
         an earlier step of this call was non-finite (nan_policy stop applies nothing after it)."""
@@ -158,25 +159,29 @@ def _fused_run_steps(run: Run):
                 totals = combine(totals, {**summed, **averaged})
             return totals
 
-        return tf.function(steps, jit_compile=True) if run.jit else steps
+        return tf.function(steps, jit_compile=True, autograph=False) if run.jit else steps
 
     # Unrolled: whole blocks of unroll steps, then single steps for what is left. Not unrolled: one
     # loop, so the step is traced (and compiled) once, not twice.
     block_step = fused_steps(unroll)
     single_step = fused_steps(1) if unroll > 1 else None
 
-    @tf.function
+    @tf.function(autograph=False)  # the loops are written as tf.while_loop: nothing here to convert
     def run_steps(iterator, first_step, num_steps):
         def take(steps):
             return tuple(next(iterator) for _ in range(steps * accum))
 
-        totals = _zero_totals(run)
+        def repeat(step_fn, size, start, stop, totals):
+            """`step_fn` on `size` steps' batches at a time, for i in [start, stop): steps i * size on."""
+            def body(i, totals):
+                return i + 1, step_fn(take(size), first_step + tf.cast(i * size, tf.int64), totals)
+
+            return tf.while_loop(lambda i, _: i < stop, body, (start, totals))[1]
+
         blocks = num_steps // unroll
-        for i in tf.range(blocks):
-            totals = block_step(take(unroll), first_step + tf.cast(i * unroll, tf.int64), totals)
+        totals = repeat(block_step, unroll, tf.constant(0), blocks, _zero_totals(run))
         if single_step is not None:
-            for i in tf.range(blocks * unroll, num_steps):
-                totals = single_step(take(1), first_step + tf.cast(i, tf.int64), totals)
+            totals = repeat(single_step, 1, blocks * unroll, num_steps, totals)
         return _means(totals, num_steps)
 
     return run_steps
