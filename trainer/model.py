@@ -234,8 +234,8 @@ def module_code(fn):
     where it is traced (its Python `if` and `for` on tensors become graph control flow), as
     written where it runs eagerly (trainer.debug: breakpoints work). loopline's own step and
     evaluation are traced without autograph (they have no such control flow, and converting them
-    cost about half a CPU second a run), so each module function they call is converted on its own. Wrap
-    outside any trace: inside one traced without autograph, the function would not be converted."""
+    cost about half a CPU second a run), so each module function they call is converted on its
+    own. Wrap outside any trace: inside one traced without autograph, it would not be converted."""
     converted = tf.__internal__.autograph.tf_convert(fn, tf.__internal__.autograph.control_status_ctx())
     return lambda *args, **kwargs: (converted if tf.inside_function() else fn)(*args, **kwargs)
 

@@ -40,7 +40,8 @@ class SplitEvaluation:
         self.batch_metrics = batch_metrics  # legacy: batch means, weighted by batch size
         self.loss_weights = loss_weights  # (step, losses, model) -> {head: weight}
         # The module's metric updates and selects, converted by autograph; the step itself is loopline's.
-        self._updates = [(module_code(metric.update_state), module_code(select)) for metric, select in self.metrics.values()]
+        self._updates = [(module_code(metric.update_state), module_code(select))
+                         for metric, select in self.metrics.values()]
         self.step = tf.function(self._step, input_signature=list(dataset.element_spec), autograph=False)
 
     def on(self, dataset: tf.data.Dataset) -> "SplitEvaluation":

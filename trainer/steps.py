@@ -65,7 +65,7 @@ def build_replica_step(run: Run):
     float16 = config.precision == "mixed_float16"
     weights_fn, stepped = run.weights_fn, run.stepped
 
-    @tf.autograph.experimental.do_not_convert  # loopline's own code; the module's loss_weights is converted (module_code)
+    @tf.autograph.experimental.do_not_convert  # loopline's code; the module's loss_weights is converted on its own
     def replica_step(batches, step, halted):
         """One optimizer step on this replica's share of `grad_accum_steps` batches; `halted`:
         an earlier step of this call was non-finite (nan_policy stop applies nothing after it)."""
