@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
 MISSING_LABEL = -1
 UNSEEN_LABEL = -2
+FINGERPRINTS = 2**63 - 1  # tf.strings.to_hash_bucket_fast's widest range: a string's 64-bit fingerprint
 
 
 @dataclass
@@ -63,11 +66,36 @@ class Head:
                 whole = tf.where(finite, values, 0.0)
                 text = tf.strings.as_string(tf.cast(whole, tf.int64))
                 values = tf.where(finite, tf.where(tf.equal(whole, tf.round(whole)), text, "<not a whole number>"), "")
-            matches = tf.equal(values[:, tf.newaxis], tf.constant(self.vocabulary)[tf.newaxis, :])
-            found = tf.reduce_any(matches, axis=1)
-            index = tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32)
+            index, found = self._class_index(values)
             return tf.where(found, index, tf.where(tf.equal(values, ""), MISSING_LABEL, UNSEEN_LABEL))
         return tf.reshape(tf.cast(values, tf.float32), [-1])
+
+    def _class_index(self, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Each text's index in the vocabulary (int32) and whether it is there. Its fingerprint is
+        looked up among the classes' (sorted), then the text compared with that class's: a few ops
+        per row whatever the number of classes, where comparing with every class cost rows x classes
+        string compares. Classes that share a fingerprint (or repeat) are compared one by one."""
+        vocabulary = tf.constant(self.vocabulary or [""])  # no class: nothing is found (the compare below refuses "")
+        if self._sorted_fingerprints is None:
+            matches = tf.equal(values[:, tf.newaxis], vocabulary[tf.newaxis, :]) & bool(self.vocabulary)
+            return tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32), tf.reduce_any(matches, axis=1)
+        fingerprints, classes = self._sorted_fingerprints
+        position = tf.searchsorted(fingerprints, tf.strings.to_hash_bucket_fast(values, FINGERPRINTS))
+        index = tf.gather(classes, tf.minimum(position, len(classes) - 1))
+        return index, tf.equal(tf.gather(vocabulary, index), values)
+
+    @cached_property
+    def _sorted_fingerprints(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The classes' fingerprints in ascending order and the class of each; None when there is no
+        class or two share a fingerprint."""
+        if not self.vocabulary:
+            return None
+        with tf.init_scope():  # computed once, eagerly, also when first asked inside a traced function
+            fingerprints = tf.strings.to_hash_bucket_fast(tf.constant(self.vocabulary), FINGERPRINTS).numpy()
+        if len(np.unique(fingerprints)) < len(fingerprints):
+            return None
+        order = np.argsort(fingerprints)
+        return fingerprints[order], order.astype(np.int32)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def per_example_loss(self, target: tf.Tensor, prediction: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

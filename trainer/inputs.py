@@ -268,8 +268,7 @@ def training_stream(
     if columns is not None:
         labels = {head.name for head in heads}
         features = {name: column for name, column in columns.items() if name not in labels}
-        targets = {head.name: tf.concat([head.encode_label(columns[head.name][start:start + _CHUNK])
-                                         for start in range(0, _rows(columns), _CHUNK)], axis=0) for head in heads}
+        targets = {head.name: head.encode_label(columns[head.name]) for head in heads}  # one call: a few ops per row
         return _augmented(_in_memory_stream((features, targets), batch_size, seed, skip_batches, config),
                           augment, seed, skip_batches, config)
     dataset = _streamed_windows(file_pattern, kinds, heads, config, seed, rows).rebatch(batch_size, drop_remainder=True)
