@@ -102,10 +102,12 @@ def _first_line(exc: BaseException) -> str:
 def _eager_callers(path: str, signature_defs, tags) -> tuple[object, dict[str, Caller]]:
     loaded = tf.saved_model.load(path, tags=list(tags))
 
-    def caller(function):
-        return lambda values: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in values.items()}).items()}
+    def caller(function, outputs):
+        return lambda values: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in values.items()}).items()
+                               if k in outputs}
 
-    return loaded, {k: caller(loaded.signatures[k]) for k in signature_defs if k in loaded.signatures}
+    return loaded, {k: caller(loaded.signatures[k], set(signature_defs[k].outputs))
+                    for k in signature_defs if k in loaded.signatures}
 
 
 class SignatureCallers:
@@ -138,14 +140,32 @@ class SignatureCallers:
             self._session = None
 
 
+def answering_only(signature_def: meta_graph_pb2.SignatureDef, outputs: list[str]) -> meta_graph_pb2.SignatureDef:
+    """The signature with only `outputs` in its answer (as TF Serving's Predict `output_filter`):
+    a Session run fetches only those, so what only the others need is not computed."""
+    unknown = sorted(set(outputs) - set(signature_def.outputs))
+    if unknown:
+        raise KeyError(f"the signature has no output {unknown} (it has {sorted(signature_def.outputs)})")
+    trimmed = meta_graph_pb2.SignatureDef()
+    trimmed.CopyFrom(signature_def)
+    for key in list(trimmed.outputs):
+        if key not in outputs:
+            del trimmed.outputs[key]
+    return trimmed
+
+
 @contextmanager
-def signature_caller(path: str, signature: str, intra_op_threads: int = 0) -> Iterator[Caller]:
+def signature_caller(path: str, signature: str, intra_op_threads: int = 0,
+                     outputs: list[str] | None = None) -> Iterator[Caller]:
     """One signature of a SavedModel, called as the server calls it (SignatureCallers, fallbacks
-    included), for the time of a `with` block; the Evaluator's way to run a model on large batches."""
+    included), for the time of a `with` block; the Evaluator's way to run a model on large batches.
+    `outputs`: the outputs to answer with (None: all); e.g. a classifier's scores without the
+    `[rows, classes]` class names beside them, which cost more than the model on large batches."""
     signature_defs = read_signature_defs(path)
     if signature not in signature_defs:
         raise KeyError(f"{path} has no signature '{signature}' (it has {sorted(signature_defs)})")
-    callers = SignatureCallers(path, {signature: signature_defs[signature]}, intra_op_threads)
+    signature_def = signature_defs[signature] if outputs is None else answering_only(signature_defs[signature], outputs)
+    callers = SignatureCallers(path, {signature: signature_def}, intra_op_threads)
     try:
         yield callers.callers[signature]
     finally:

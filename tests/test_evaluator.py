@@ -259,9 +259,9 @@ def _recording(events: list, fail_at: tuple[str, int] | None = None):
     from serving.signature_call import signature_caller
 
     @contextmanager
-    def open_signature(path, signature):
+    def open_signature(path, signature, outputs=None):
         name = os.path.basename(path)
-        with signature_caller(path, signature) as call:
+        with signature_caller(path, signature, outputs=outputs) as call:
             def recorded(inputs):
                 events.append((name, len(inputs["inputs"])))
                 if fail_at == (name, sum(e[0] == name for e in events)):

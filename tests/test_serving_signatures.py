@@ -105,3 +105,27 @@ def test_without_the_private_session_api_the_signatures_are_called_eagerly(tmp_p
     eager = loaded.signatures["predict_raw"](**{k: tf.constant(v) for k, v in RAW.items()})
     np.testing.assert_allclose(servable.run("predict_raw", RAW)["scores"], eager["scores"].numpy(), rtol=1e-6)
     servable.unload()
+
+
+def test_a_caller_for_some_outputs_answers_with_those_only(tmp_path, monkeypatch):
+    """The Evaluator asks for the scores alone: the Session run fetches them (the class names
+    beside them are not made), the eager fallback drops the others; the scores are the same."""
+    from serving.signature_call import signature_caller
+
+    path = str(export_model(tmp_path / "1"))
+    with signature_caller(path, "predict_raw") as call:
+        everything = call(RAW)
+    assert {"scores", "classes"} <= everything.keys()
+    with signature_caller(path, "predict_raw", outputs=["scores"]) as call:
+        scores = call(RAW)
+    assert scores.keys() == {"scores"}
+    np.testing.assert_array_equal(scores["scores"], everything["scores"])
+    with pytest.raises(KeyError, match=r"no output \['probabilities'\]"), signature_caller(path, "predict_raw", outputs=["probabilities"]):
+        pass
+    from tensorflow.python.client import session as session_lib
+
+    monkeypatch.delattr(session_lib.BaseSession, "_make_callable_from_options")  # the eager fallback
+    with signature_caller(path, "predict_raw", outputs=["scores"]) as call:
+        eager = call(RAW)
+    assert eager.keys() == {"scores"}
+    np.testing.assert_allclose(eager["scores"], everything["scores"], rtol=1e-6)

@@ -86,16 +86,18 @@ def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], 
 
 # A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.
 Call = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-# Opens one signature of a SavedModel (path, signature name) for the time of a `with` block.
-OpenSignature = Callable[[str, str], ContextManager[Call]]
+# Opens one signature of a SavedModel (path, signature name; keyword `outputs`: the outputs its
+# answers hold, None: all) for the time of a `with` block.
+OpenSignature = Callable[..., ContextManager[Call]]
 
 
 @contextmanager
-def eager_signature(saved_model_dir: str, signature: str) -> Iterator[Call]:
+def eager_signature(saved_model_dir: str, signature: str, outputs: list[str] | None = None) -> Iterator[Call]:
     """The default OpenSignature: the signature's concrete function called eagerly. The Evaluator
     passes the server's Session callable instead (serving.signature_call.signature_caller)."""
     function = tf.saved_model.load(saved_model_dir).signatures[signature]
-    yield lambda inputs: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in inputs.items()}).items()}
+    yield lambda inputs: {k: v.numpy() for k, v in function(**{n: tf.constant(a) for n, a in inputs.items()}).items()
+                          if outputs is None or k in outputs}
 
 
 class RunningEvaluation:
@@ -113,7 +115,9 @@ class RunningEvaluation:
         self._trivial = trivial
         self._scores = None  # _batch_scores compiled, at the first batch
         self._open = ExitStack()
-        self._call = self._open.enter_context(open_signature(saved_model_dir, signature))
+        # Only the outputs scored: a classifier's class names beside its scores are `[rows, classes]` strings.
+        outputs = sorted(set(self._keys.values()))
+        self._call = self._open.enter_context(open_signature(saved_model_dir, signature, outputs=outputs))
 
     def close(self) -> None:
         self._open.close()

@@ -63,6 +63,6 @@ def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signat
     description = read_description(saved_model_dir)
     heads = [Head.from_json(h) for h in description["heads"]]
     signature, keys = evaluation_signature(description.get("layout", 1), heads)
-    with open_signature(saved_model_dir, signature) as call:
+    with open_signature(saved_model_dir, signature, outputs=sorted(set(keys.values()))) as call:
         for batch in read_once(record_dataset(eval_pattern).batch(batch_size).prefetch(1)).as_numpy_iterator():
             yield signature_columns(call({names.INPUTS: batch}), len(batch), heads, keys)
