@@ -130,6 +130,23 @@ def test_the_signatures_share_one_parse_and_one_model_call(exported):
     assert len([name for name, used in ops.items() if "MatMul" in used]) == 1, ops
 
 
+def test_the_export_builds_the_parse_and_the_models_call_once(trained, tmp_path, monkeypatch):
+    """tf.saved_model.save traces every signature again inside its save context; the parse and
+    the model's call the signatures share are concrete functions by then, so neither is built
+    again (each was built twice, the graph of every signature with them)."""
+    import trainer.export as export
+
+    result = trained[0]
+    parses, calls = [], []
+    parse, call = export.parse_examples, result.model.call
+    monkeypatch.setattr(export, "parse_examples", lambda *args: parses.append(1) or parse(*args))
+    monkeypatch.setattr(result.model, "call", lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs))
+    export_saved_model(result.model, result.kinds, result.heads, str(tmp_path / "sm"))
+    # Built twice each before. The model's call once more at most: ExportArchive walks the tracked
+    # model for lookup tables, and Keras traces the model's own default signature on the way.
+    assert len(parses) == 1 and len(calls) <= 2, (len(parses), len(calls))
+
+
 def test_one_converter_makes_each_variant_as_a_converter_of_its_own(exported, trained):
     """export_model converts every variant with one converter (one load of the SavedModel) in the
     order asked (float32 first, int8 last); converted again in the reverse order, every variant is

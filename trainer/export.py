@@ -107,11 +107,17 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     # Functions the signatures share, each traced and saved once rather than once per signature
     # (a load of the SavedModel, the server's too, deserializes every saved function). The model's
     # call is shared with predict_raw where the parsed features have its input spec (else traced again).
+    # The signatures call them as concrete functions: tf.saved_model.save traces every signature
+    # again inside its save context (part of tf.function's cache key), and a tf.function called
+    # there would be traced again with it: the parse and the model's call built twice.
     call_model = tf.function(lambda features: model(features, training=False), autograph=False)
+    call_raw = call_model.get_concrete_function(raw_input_spec(kinds))
 
     @tf.function(input_signature=examples, autograph=False)
-    def predictions(serialized):  # labels may be present in served examples; parse only the inputs
+    def parse_and_predict(serialized):  # labels may be present in served examples; parse only the inputs
         return call_model(parse_examples(serialized, kinds))
+
+    predictions = parse_and_predict.get_concrete_function()
 
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -125,7 +131,7 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
             archive.add_endpoint(key, serve_head(head), input_signature=examples)
             methods[key] = method
     archive.add_endpoint(names.PREDICT, lambda inputs: predict_outputs(heads, predictions(inputs)), input_signature=examples)
-    archive.add_endpoint(names.PREDICT_RAW, lambda features: named_outputs(heads, call_model(features)),
+    archive.add_endpoint(names.PREDICT_RAW, lambda features: named_outputs(heads, call_raw(features)),
                          input_signature=[raw_input_spec(kinds)])
     archive.write_out(export_dir, verbose=False)
     set_method_names(export_dir, methods)
