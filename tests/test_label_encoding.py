@@ -67,3 +67,8 @@ def test_whole_numbers_are_classes_by_their_text():
     head = Head("n", "classification", ["1", "10", "2"], label_dtype="int64")
     column = tf.constant([[1.0], [2.0], [10.0], [np.nan], [2.5], [3.0], [-1.0]])
     assert head.encode_label(column).numpy().tolist() == [0, 2, 1, MISSING_LABEL, UNSEEN_LABEL, UNSEEN_LABEL, UNSEEN_LABEL]
+
+
+def test_without_classes_every_label_is_unseen_or_missing():
+    head = Head("y", "classification", [])
+    assert head.encode_label(tf.constant([["a"], [""]])).numpy().tolist() == [UNSEEN_LABEL, MISSING_LABEL]

@@ -75,9 +75,11 @@ class Head:
         looked up among the classes' (sorted), then the text compared with that class's: a few ops
         per row whatever the number of classes, where comparing with every class cost rows x classes
         string compares. Classes that share a fingerprint (or repeat) are compared one by one."""
-        vocabulary = tf.constant(self.vocabulary or [""])  # no class: nothing is found (the compare below refuses "")
+        if not self.vocabulary:
+            return tf.zeros_like(values, tf.int32), tf.zeros_like(values, tf.bool)
+        vocabulary = tf.constant(self.vocabulary)
         if self._sorted_fingerprints is None:
-            matches = tf.equal(values[:, tf.newaxis], vocabulary[tf.newaxis, :]) & bool(self.vocabulary)
+            matches = tf.equal(values[:, tf.newaxis], vocabulary[tf.newaxis, :])
             return tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32), tf.reduce_any(matches, axis=1)
         fingerprints, classes = self._sorted_fingerprints
         position = tf.searchsorted(fingerprints, tf.strings.to_hash_bucket_fast(values, FINGERPRINTS))
@@ -86,10 +88,7 @@ class Head:
 
     @cached_property
     def _sorted_fingerprints(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The classes' fingerprints in ascending order and the class of each; None when there is no
-        class or two share a fingerprint."""
-        if not self.vocabulary:
-            return None
+        """The classes' fingerprints in ascending order and the class of each; None when two share one."""
         with tf.init_scope():  # computed once, eagerly, also when first asked inside a traced function
             fingerprints = tf.strings.to_hash_bucket_fast(tf.constant(self.vocabulary), FINGERPRINTS).numpy()
         if len(np.unique(fingerprints)) < len(fingerprints):
