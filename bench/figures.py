@@ -120,6 +120,9 @@ FIGURES = [
            "{:.0f} MB", since_run=2, runs_with=ONE_M),
     Figure("stock CsvExampleGen memory over its start, 1M rows (the other side)", "scale",
            f"{ONE_M}.example_gen.stock_memory_mb", "{:.0f} MB", since_run=2, runs_with=ONE_M),
+    Figure("`loopline run` vs a bare script of the same generic model, a 500-class label, 200k rows, CPU seconds of "
+           "the process trees, median of 2 interleaved rounds", "shapes", "many_classes.pipeline_vs_script_cpu"),
+    Figure("the same, a wide table (100 number and 10 text columns, 50k rows)", "shapes", "wide.pipeline_vs_script_cpu"),
     Figure("Evaluator in `loopline run`, 1M rows, seconds", "scale", f"{ONE_M}.components.Evaluator.seconds",
            "{:.2f} s", since_run=2, runs_with=ONE_M),
     Figure("Evaluator memory over its start, 1M rows", "scale", f"{ONE_M}.components.Evaluator.memory_mb",
