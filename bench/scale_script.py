@@ -51,14 +51,12 @@ def batches(tf, columns, batch_size: int, shuffle: bool):
     return order.batch(batch_size).map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def main(data: str, export_dir: str, batch_size: int, epochs: int) -> None:
-    import keras
+def encoded_inputs(keras, tf, frame, labels: list[str]) -> tuple[dict, list, dict]:
+    """The frame's other columns as the model's inputs, their encodings inside the model (numbers
+    normalized, a missing one filled with its column's mean; text one-hot over the values seen)
+    and the columns as tensors keyed like the inputs. Fills the frame's missing cells in place."""
     import numpy as np
-    import pandas as pd
-    import tensorflow as tf
 
-    frame = pd.read_csv(data).dropna(subset=["species", "body_mass_g"]).sample(frac=1.0, random_state=0)
-    labels = ["species", "body_mass_g"]
     numbers = [c for c in frame.columns if c not in labels and frame[c].dtype.kind in "if"]
     strings = [c for c in frame.columns if c not in labels and c not in numbers]
     inputs, encoded = {}, []
@@ -74,20 +72,36 @@ def main(data: str, export_dir: str, batch_size: int, epochs: int) -> None:
         inputs[name] = keras.Input((1,), dtype="string", name=name)
         lookup = keras.layers.StringLookup(vocabulary=sorted(set(frame[name]) - {""}), output_mode="one_hot")
         encoded.append(lookup(inputs[name]))
-    species = sorted(frame["species"].unique())
-    model = keras.Model(inputs, model_body(keras, keras.layers.Concatenate()(encoded), len(species)))
-    compile_model(keras, model)
-    mass_mean, mass_std = frame["body_mass_g"].mean(), frame["body_mass_g"].std()
     features = {n: tf.constant(frame[n].to_numpy(np.float32)[:, None]) for n in numbers}
     features.update({n: tf.constant(frame[n].to_numpy()[:, None]) for n in strings})  # object arrays -> tf.string
-    targets = {"species": tf.constant(frame["species"].map({s: i for i, s in enumerate(species)}).to_numpy()),
-               "body_mass_g": tf.constant(((frame["body_mass_g"] - mass_mean) / mass_std).to_numpy(np.float32))}
-    split = int(len(frame) * (1.0 - VALIDATION_FRACTION))  # where fit(validation_split=...) cuts
+    return inputs, encoded, features
+
+
+def fit_and_export(tf, model, features, targets, batch_size: int, epochs: int, export_dir: str) -> None:
+    """`fit` with the validation rows cut off where fit(validation_split=...) cuts them, then `export`."""
+    split = int(len(next(iter(features.values()))) * (1.0 - VALIDATION_FRACTION))
     train = tf.nest.map_structure(lambda column: column[:split], (features, targets))
     validation = tf.nest.map_structure(lambda column: column[split:], (features, targets))
     model.fit(batches(tf, train, batch_size, shuffle=True), epochs=epochs, verbose=0, shuffle=False,  # batches shuffles
               validation_data=batches(tf, validation, batch_size, shuffle=False))
     model.export(export_dir, verbose=False)
+
+
+def main(data: str, export_dir: str, batch_size: int, epochs: int) -> None:
+    import keras
+    import numpy as np
+    import pandas as pd
+    import tensorflow as tf
+
+    frame = pd.read_csv(data).dropna(subset=["species", "body_mass_g"]).sample(frac=1.0, random_state=0)
+    inputs, encoded, features = encoded_inputs(keras, tf, frame, ["species", "body_mass_g"])
+    species = sorted(frame["species"].unique())
+    model = keras.Model(inputs, model_body(keras, keras.layers.Concatenate()(encoded), len(species)))
+    compile_model(keras, model)
+    mass_mean, mass_std = frame["body_mass_g"].mean(), frame["body_mass_g"].std()
+    targets = {"species": tf.constant(frame["species"].map({s: i for i, s in enumerate(species)}).to_numpy()),
+               "body_mass_g": tf.constant(((frame["body_mass_g"] - mass_mean) / mass_std).to_numpy(np.float32))}
+    fit_and_export(tf, model, features, targets, batch_size, epochs, export_dir)
 
 
 if __name__ == "__main__":
