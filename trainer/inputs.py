@@ -128,7 +128,7 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-_CHUNK = 8192  # rows parsed (or encoded) per call when a whole split is read
+_CHUNK = 8192  # rows parsed per call when a whole split is read (and per statistics batch of held columns)
 
 
 # Picks the records of a batch of serialized records to use (trainer.holdout: the training or the
