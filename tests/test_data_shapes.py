@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import numpy as np
 import pytest
@@ -92,6 +93,33 @@ def test_nothing_is_cut_silently(kind, values, problem):
     records = tf.constant([example(x=[1.0]), example(**{"sepal length (cm)": values})])
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"feature 'sepal length \(cm\)'.*{problem}"):
         parse_examples(records, {"sepal length (cm)": kind})
+
+
+def test_columns_checked_together_name_only_the_ones_that_break_their_kind():
+    """Columns held to one limit share one check in the graph (a served request runs every op);
+    it names the columns that break it and no other, and a batch that keeps it parses whole."""
+    kinds = {"a": "float32", "b": "float32", "w": "string", "pair": "float32[2]", "grid": "float32[2,2]"}
+    parse = tf.function(lambda serialized: parse_examples(serialized, kinds))
+    good = example(a=[1.0], b=[2.0], w=[b"x"], pair=[1.0, 2.0], grid=[1.0, 2.0, 3.0, 4.0])
+    parsed = parse(tf.constant([good, example(grid=[])]))
+    assert parsed["pair"].shape == (2, 2) and np.isnan(parsed["a"].numpy()[1, 0]) and parsed["w"].numpy()[1, 0] == b""
+
+    def problems(*records) -> str:
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            parse(tf.constant([good, *records]))
+        return str(raised.value).splitlines()[0]
+
+    def named(column: str, message: str) -> bool:
+        return re.search(rf"feature \W*{column}\W* \(", message) is not None
+
+    one = problems(example(b=[1.0, 2.0]))
+    assert re.search(r"feature \W*b\W* \(float32\): an example holds more than 1 value", one)
+    assert not any(named(c, one) for c in ("a", "w", "pair", "grid")), one
+    both = problems(example(a=[1.0, 2.0]), example(w=[b"x", b"y"]))
+    assert named("a", both) and named("w", both) and not named("b", both), both
+    fixed = problems(example(grid=[1.0, 2.0, 3.0]))
+    assert re.search(r"feature \W*grid\W* \(float32\[2,2\]\): an example holds another count than 4", fixed)
+    assert not named("pair", fixed), fixed
 
 
 def test_an_image_of_another_size_is_an_error_naming_the_feature():

@@ -222,27 +222,41 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
         for name, s in specs.items()
     }
     parsed = tf.io.parse_example(serialized, spec)
-    out = {}
+    limits = {}  # (size, at most) -> the columns held to it, each with its problem
     for name, s in specs.items():
-        values = parsed[name]
-        lengths = values.row_lengths()
         if s.is_image:
-            fits = tf.reduce_all(lengths <= 1)
-            out[signature_name(name)] = _checked(fits, f"feature '{name}': an example holds more than one image",
-                                 _decode_images(name, values, feature_shape(kinds[name])))
             continue
-        if s.variable or s.size == 1:
-            fits = tf.reduce_all(lengths <= s.size)
-            problem = f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)"
-        else:
-            fits = tf.reduce_all((lengths == 0) | (lengths == s.size))
-            problem = f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values"
-        if s.dtype == "string":
-            dense = values.to_tensor(default_value="", shape=[None, s.size])
-        else:
-            dense = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size])
-        out[signature_name(name)] = _checked(fits, problem, tf.reshape(dense, [-1, *s.shape]))
-    return out
+        at_most = s.variable or s.size == 1
+        problem = (f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)" if at_most else
+                   f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values")
+        limits.setdefault((s.size, at_most), []).append((parsed[name], problem))
+    out = {}
+    # Every output is made after the checks, so no value reaches the model unchecked.
+    with tf.control_dependencies([_counts_fit(columns, size, at_most) for (size, at_most), columns in limits.items()]):
+        for name, s in specs.items():
+            values = parsed[name]
+            if s.is_image:
+                fits = tf.reduce_all(values.row_lengths() <= 1)
+                out[name] = _checked(fits, f"feature '{name}': an example holds more than one image",
+                                     _decode_images(name, values, feature_shape(kinds[name])))
+            elif s.dtype == "string":
+                out[name] = tf.reshape(values.to_tensor(default_value="", shape=[None, s.size]), [-1, *s.shape])
+            else:
+                dense = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size])
+                out[name] = tf.reshape(dense, [-1, *s.shape])
+    return {signature_name(name): value for name, value in out.items()}
+
+
+def _counts_fit(columns: list[tuple[tf.RaggedTensor, str]], size: int, at_most: bool):
+    """One assertion for the columns of one limit, rather than one per column (a served request
+    runs every op): every example holds at most `size` values of each (`at_most`), else none or
+    exactly `size`. It fails with the problem of each column that breaks it."""
+    splits = tf.stack([values.row_splits for values, _ in columns])
+    counts = splits[:, 1:] - splits[:, :-1]
+    wrong = counts > size if at_most else (counts != 0) & (counts != size)
+    failing = tf.reduce_any(wrong, axis=1)
+    problems = tf.boolean_mask(tf.constant([problem for _, problem in columns]), failing)
+    return tf.debugging.Assert(tf.logical_not(tf.reduce_any(failing)), [problems], summarize=len(columns))
 
 
 @dataclass
