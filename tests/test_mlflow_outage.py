@@ -15,7 +15,7 @@ from tracking.metric_sink import UNDELIVERED_FILE, read_metrics
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 40  # about 340 steps, a metric value each: the server is killed within the first epochs
+EPOCHS = 40  # 240 steps, a metric value each: the server is killed within the first epochs
 
 
 def _kill_when_metrics_arrive(server: MlflowServer, stop: threading.Event, killed: threading.Event) -> None:
