@@ -239,11 +239,10 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
                 fits = tf.reduce_all(values.row_lengths() <= 1)
                 out[name] = _checked(fits, f"feature '{name}': an example holds more than one image",
                                      _decode_images(name, values, feature_shape(kinds[name])))
-            elif s.dtype == "string":
-                out[name] = tf.reshape(values.to_tensor(default_value="", shape=[None, s.size]), [-1, *s.shape])
             else:
-                dense = tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size])
-                out[name] = tf.reshape(dense, [-1, *s.shape])
+                dense = (values.to_tensor(default_value="", shape=[None, s.size]) if s.dtype == "string" else
+                         tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size]))
+                out[name] = dense if len(s.shape) == 1 else tf.reshape(dense, [-1, *s.shape])  # [batch, size] already
     return {signature_name(name): value for name, value in out.items()}
 
 
@@ -372,6 +371,8 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
 
 def _flat(x: tf.Tensor) -> tf.Tensor:
     """`[batch, ...]` to `[batch, values]` (a static width, for the layers after the encoder)."""
+    if x.shape.rank == 2 and x.shape[1] is not None:
+        return x  # a reshape per column that changes nothing still costs its ops in every graph
     return tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])
 
 
