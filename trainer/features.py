@@ -370,9 +370,9 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
 
 
 def _flat(x: tf.Tensor) -> tf.Tensor:
-    """`[batch, ...]` to `[batch, values]` (a static width, for the layers after the encoder)."""
-    if x.shape.rank == 2 and x.shape[1] is not None:
-        return x  # a reshape per column that changes nothing still costs its ops in every graph
+    """`[batch, ...]` to `[batch, values]` (a static width, for the layers after the encoder). Also
+    where the shape is already that: a served request may feed a `[batch]` column where `[batch, 1]`
+    is declared (TF Serving checks no shapes before the run), and this makes it `[batch, 1]`."""
     return tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])
 
 
