@@ -145,6 +145,13 @@ def test_an_image_of_another_size_is_an_error_naming_the_feature():
         parse_examples(records, {"photo": "image[4,4,1]"})
 
 
+def test_two_images_in_one_example_are_an_error_naming_the_feature():
+    one = png(np.zeros((4, 4)))
+    parse = tf.function(lambda serialized: parse_examples(serialized, {"photo": "image[4,4,1]", "x": "float32"}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature \W*photo\W*: an example holds more than one image"):
+        parse(tf.constant([example(photo=[one], x=[1.0]), example(photo=[one, one], x=[2.0])]))
+
+
 def test_schema_shapes_lists_and_image_domain_give_kinds():
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2

@@ -222,23 +222,22 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
         for name, s in specs.items()
     }
     parsed = tf.io.parse_example(serialized, spec)
-    limits = {}  # (size, at most) -> the columns held to it, each with its problem
+    limits = {}  # (values allowed, at most) -> the columns held to it, each with its problem
     for name, s in specs.items():
         if s.is_image:
-            continue
-        at_most = s.variable or s.size == 1
-        problem = (f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)" if at_most else
-                   f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values")
-        limits.setdefault((s.size, at_most), []).append((parsed[name], problem))
+            limit, problem = (1, True), f"feature '{name}': an example holds more than one image"
+        else:
+            limit = (s.size, s.variable or s.size == 1)
+            problem = (f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)" if limit[1]
+                       else f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values")
+        limits.setdefault(limit, []).append((parsed[name], problem))
     out = {}
     # Every output is made after the checks, so no value reaches the model unchecked.
     with tf.control_dependencies([_counts_fit(columns, size, at_most) for (size, at_most), columns in limits.items()]):
         for name, s in specs.items():
             values = parsed[name]
             if s.is_image:
-                fits = tf.reduce_all(values.row_lengths() <= 1)
-                out[name] = _checked(fits, f"feature '{name}': an example holds more than one image",
-                                     _decode_images(name, values, feature_shape(kinds[name])))
+                out[name] = _decode_images(name, values, feature_shape(kinds[name]))
             else:
                 dense = (values.to_tensor(default_value="", shape=[None, s.size]) if s.dtype == "string" else
                          tf.cast(values, tf.float32).to_tensor(default_value=math.nan, shape=[None, s.size]))
