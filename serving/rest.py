@@ -1,6 +1,6 @@
 """REST front end, TF Serving's (model_servers/http_rest_api_handler.cc, http_server.cc), served
-by uvicorn (HTTP/1.1 keep-alive, TCP_NODELAY: a kept-alive connection does not wait on delayed
-ACKs):
+by uvicorn with httptools' parser (HTTP/1.1 keep-alive, TCP_NODELAY: a kept-alive connection does
+not wait on delayed ACKs):
 
   GET  /v1/models/{name}[/versions/{v}|/labels/{l}]            model status
   GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata   signatures
@@ -268,7 +268,9 @@ class RestServer:
             self.socket.close()
             raise OSError(f"REST: cannot bind {host}:{port} ({exc.strerror}; set serving.rest_port or --rest-port)") from None
         self.port = self.socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="h11",
+        # httptools (llhttp, in C) rather than h11 (pure Python): a one-row predict costs the server
+        # about a third less CPU.
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools",
                                 loop="asyncio", timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="rest", daemon=True)
