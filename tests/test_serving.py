@@ -312,6 +312,45 @@ def test_rest_matches_grpc(stub, server):
     assert "loopline_request_latency_seconds_bucket" in metrics
 
 
+def _read_answer(reader) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 answer from a socket's file: status, headers (lower-case names), body."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline().strip()):
+        name, value = line.decode().split(":", 1)
+        headers[name.lower()] = value.strip()
+    return status, headers, reader.read(int(headers.get("content-length", 0)))
+
+
+def test_rest_speaks_http_1_1_on_the_wire(stub, server):
+    """What clients other than `requests` send: two requests in one write on a kept-alive
+    connection (answered in order), a chunked body, and a line that is not HTTP (400, closed)."""
+    import socket
+
+    grpc_scores = scores(stub.Predict(raw_request(), timeout=10))
+    body = json.dumps({"signature_name": "predict_raw", "instances": [
+        {"bill_length_mm": [40.0], "flipper_length_mm": [190.0], "island": ["Dream"]}]}).encode()
+    host = f"Host: 127.0.0.1:{server.rest_port}\r\n".encode()
+    predict = b"POST /v1/models/penguins:predict HTTP/1.1\r\n" + host + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    status = b"GET /v1/models/penguins HTTP/1.1\r\n" + host + b"\r\n"
+    chunked = (b"POST /v1/models/penguins:predict HTTP/1.1\r\n" + host + b"Transfer-Encoding: chunked\r\n\r\n"
+               + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock, sock.makefile("rb") as reader:
+        sock.sendall(predict + status)
+        first, second = _read_answer(reader), _read_answer(reader)
+        assert first[0] == 200 and second[0] == 200
+        np.testing.assert_allclose(json.loads(first[2])["predictions"][0]["scores"], grpc_scores[0], rtol=1e-6)
+        assert json.loads(second[2])["model_version_status"][0]["state"] == "AVAILABLE"
+        sock.sendall(chunked)
+        code, _, answer = _read_answer(reader)
+        assert code == 200
+        np.testing.assert_allclose(json.loads(answer)["predictions"][0]["scores"], grpc_scores[0], rtol=1e-6)
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        rest = reader.read()  # returns once the server closes the connection
+        assert rest.startswith(b"HTTP/1.1 400 ") and b"connection: close" in rest.lower()
+    assert server.proc.poll() is None
+
+
 def test_labels_follow_models_config(stub, server, exported):
     root = server.log_path.parent / "serving"
     add_version(root / "penguins", exported["b"], 2)
