@@ -280,8 +280,9 @@ REST_SETTINGS: list[str] = []
 REST_BODY = json.dumps({"signature_name": "predict_raw", "instances": [{k: [v] for k, v in ROW.items()}]}).encode()
 
 
-def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY) -> dict:
-    """POSTs `body` to `url`, one kept-alive requests.Session per client thread."""
+def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY, pid: int | None = None) -> dict:
+    """POSTs `body` to `url`, one kept-alive requests.Session per client thread. `pid`: the server
+    process whose CPU per request is measured too."""
     import requests
 
     results = {}
@@ -295,7 +296,7 @@ def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY) -> dict:
             response.raise_for_status()
             return response
 
-        results[f"c{c}"] = measure(call, c)
+        results[f"c{c}"] = measure(call, c, cpu=None if pid is None else lambda: process_cpu_seconds(pid))
     return results
 
 
@@ -313,7 +314,7 @@ def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc", concur
     try:
         wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
         if api == "rest":
-            return rest_clients(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict", REST_BODY)
+            return rest_clients(f"http://127.0.0.1:{rest_port}/v1/models/penguins:predict", REST_BODY, pid=proc.pid)
         cpu_before = process_cpu_seconds(proc.pid)
         result = grpc_clients(grpc_port, concurrency, pid=proc.pid)
         if metrics is not None:
