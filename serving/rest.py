@@ -250,12 +250,25 @@ async def _send(send, status: int, body: bytes, content_type: str, close: bool =
     await send({"type": "http.response.body", "body": body})
 
 
+def _http_protocol():
+    """uvicorn's httptools protocol (llhttp, in C) rather than h11's (pure Python): a one-row predict
+    costs the server about a third less CPU. Imported here, so a missing httptools is said at start
+    instead of in the server's thread."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError as exc:
+        raise OSError(f"REST: uvicorn's httptools protocol cannot be imported ({exc}); httptools is in "
+                      "requirements.lock (make setup installs it)") from None
+    return HttpToolsProtocol
+
+
 class RestServer:
     """uvicorn in a background thread on an already bound socket (port 0 picks a free port)."""
 
     def __init__(self, app: RestApp, host: str, port: int):
         import uvicorn
 
+        protocol = _http_protocol()  # before the socket is bound: nothing to close if it is missing
         self.app = app
         # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on TCP sockets it
         # recognises by their protocol, and a kept-alive answer would otherwise wait ~40 ms for an ACK.
@@ -268,9 +281,7 @@ class RestServer:
             self.socket.close()
             raise OSError(f"REST: cannot bind {host}:{port} ({exc.strerror}; set serving.rest_port or --rest-port)") from None
         self.port = self.socket.getsockname()[1]
-        # httptools (llhttp, in C) rather than h11 (pure Python): a one-row predict costs the server
-        # about a third less CPU.
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools",
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=protocol,
                                 loop="asyncio", timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="rest", daemon=True)

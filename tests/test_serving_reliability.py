@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import os
 import subprocess
 import sys
 import threading
@@ -248,3 +249,21 @@ def test_busy_port_is_one_line_and_the_process_exits(tmp_path):
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"loopline: error: gRPC: cannot bind 127.0.0.1:{port}")
     assert "Traceback" not in result.stderr
+
+
+def test_missing_http_parser_is_one_line_and_the_process_exits(tmp_path):
+    """The REST server's HTTP parser (httptools) not importable: said at start in one line, exit 1."""
+    hidden = tmp_path / "hidden"
+    (hidden / "httptools").mkdir(parents=True)
+    (hidden / "httptools" / "__init__.py").write_text('raise ImportError("No module named \'httptools\'")\n')
+    (tmp_path / "serving").mkdir()
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden), env["PYTHONPATH"]])
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--grpc-port", "0", "--rest-port", "0",
+         "--serving-root", str(tmp_path / "serving")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("loopline: error: REST: uvicorn's httptools protocol cannot be imported")
+    assert "requirements.lock" in last and "Traceback" not in result.stderr
