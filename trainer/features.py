@@ -227,8 +227,9 @@ def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.T
         if s.is_image:
             limit, problem = (1, True), f"feature '{name}': an example holds more than one image"
         else:
-            limit = (s.size, s.variable or s.size == 1)
-            problem = (f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)" if limit[1]
+            at_most = s.variable or s.size == 1
+            limit = (s.size, at_most)
+            problem = (f"feature '{name}' ({kinds[name]}): an example holds more than {s.size} value(s)" if at_most
                        else f"feature '{name}' ({kinds[name]}): an example holds another count than {s.size} values")
         limits.setdefault(limit, []).append((parsed[name], problem))
     out = {}
