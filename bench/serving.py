@@ -258,7 +258,7 @@ def grpc_clients(port: int, concurrency=CONCURRENCY, pid: int | None = None) -> 
                     local.stub = stubs[next(counter)]
             return local.stub.Predict(request, timeout=10)
 
-        results[f"c{c}"] = measure(call, c, cpu=None if pid is None else lambda: process_cpu_seconds(pid))
+        results[f"c{c}"] = measure(call, c, cpu=server_cpu(pid))
         for ch in channels:
             ch.close()
     return results
@@ -296,7 +296,7 @@ def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY, pid: int | None
             response.raise_for_status()
             return response
 
-        results[f"c{c}"] = measure(call, c, cpu=None if pid is None else lambda: process_cpu_seconds(pid))
+        results[f"c{c}"] = measure(call, c, cpu=server_cpu(pid))
     return results
 
 
@@ -435,6 +435,11 @@ def batch_inference(work: Path) -> dict:
         os.sched_setaffinity(0, cpus)
     return {"examples": result.examples, "seconds": round(result.seconds, 3),
             "examples_per_s": round(result.examples_per_second, 1), "pinned_to_cpu": SERVER_CPU}
+
+
+def server_cpu(pid: int | None):
+    """`measure`'s `cpu`: the server process's CPU seconds so far, or None when no process is named."""
+    return None if pid is None else lambda: process_cpu_seconds(pid)
 
 
 def process_cpu_seconds(pid: int) -> float:
