@@ -9,6 +9,7 @@ import os
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.deferred_imports import defer_unused_imports
 from pipeline.library_env import set_library_env
 from pipeline.run_lock import RunLockedError
 from pipeline.run_log import CommandLog, import_tensorflow_quietly, new_run_id
@@ -197,6 +198,8 @@ def _serve_with_tf_serving_flags(args) -> int:
 def tf_serving_main(argv: list[str] | None = None) -> int:
     """The `tensorflow_model_server` command: every argument is one of TF Serving's flags, so the
     tensorflow/serving image's entrypoint line and manifests written for it run unchanged."""
+    if argv is None:
+        defer_unused_imports()
     set_library_env()
     _quiet_libraries()
     from serving.config import ServingConfig
@@ -537,8 +540,10 @@ def _parse(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line (the console script, python -m)
+        defer_unused_imports()  # before anything imports TensorFlow
     args = _parse(argv)
-    args.whole_process = argv is None  # the process's own command line (the console script, python -m)
+    args.whole_process = argv is None
     set_library_env()
     _quiet_libraries()
     # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).

@@ -1,0 +1,65 @@
+"""Modules that TensorFlow's import of Keras brings in and no loopline command uses, loaded when
+first used instead.
+
+Keras 3, loaded as TensorFlow's `tf.keras`, imports scikit-learn (for the estimators of
+`keras.wrappers`) and matplotlib's pyplot (for the image galleries of `keras.visualization`)
+wherever they are installed: about 1 CPU second of every `loopline` process's start, a quarter of
+TensorFlow's import. Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module
+the import system would make, whose code runs the first time one of its attributes is read. The
+`import` statements stay as they are, and whoever uses the module (a user's module file, the
+data report's charts) gets the real one.
+
+Not importlib.util.LazyLoader: in Python 3.11 any later `import` of the name reads the module's
+`__spec__`, and that read runs the module.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+import types
+
+DEFERRED = ("keras.wrappers", "matplotlib.pyplot")
+
+_lock = threading.RLock()  # one thread runs a module's code; a re-entrant read during it waits for nothing
+_pending: set[str] = set()
+
+
+class _Deferred(types.ModuleType):
+    """A module whose code has not run yet: reading an attribute it lacks runs it first."""
+
+    def __getattr__(self, name: str):
+        with _lock:
+            if self.__name__ in _pending:
+                _pending.discard(self.__name__)
+                try:
+                    self.__spec__.loader.exec_module(self)
+                except BaseException:
+                    sys.modules.pop(self.__name__, None)  # as a failed import: the next import tries again
+                    raise
+                self.__class__ = types.ModuleType
+                package, _, child = self.__name__.rpartition(".")
+                if package in sys.modules:  # as the import system does once a submodule has loaded
+                    setattr(sys.modules[package], child, self)
+        return types.ModuleType.__getattribute__(self, name)
+
+
+def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
+    """Defers each "package.module" of `names` that is installed and not imported yet, its
+    package neither (its spec is found without importing the package); returns those deferred."""
+    deferred = []
+    for name in names:
+        package = name.rpartition(".")[0]
+        if name in sys.modules or package in sys.modules:
+            continue
+        parent = importlib.util.find_spec(package)
+        spec = parent and importlib.machinery.PathFinder.find_spec(name, parent.submodule_search_locations)
+        if spec is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = _Deferred
+        _pending.add(name)
+        sys.modules[name] = module
+        deferred.append(name)
+    return deferred

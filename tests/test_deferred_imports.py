@@ -1,0 +1,148 @@
+"""Modules Keras imports with TensorFlow, deferred to their first use (pipeline/deferred_imports.py):
+not run by the import, run once on first use, and the real module from then on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import types
+
+import pytest
+
+from pipeline.deferred_imports import defer_unused_imports
+from tests.conftest import REPO, subprocess_env
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """make(name, body): a package `name` with a module `heavy` whose code is `body` and which
+    counts its runs in runs.txt; returns (module name, runs.txt). Removed from sys.modules after."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = []
+
+    def make(name: str, body: str = "VALUE = 42") -> tuple[str, object]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+        runs = tmp_path / name / "runs.txt"
+        (tmp_path / name / "heavy.py").write_text(
+            f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\n{textwrap.dedent(body)}\n")
+        made.append(name)
+        return f"{name}.heavy", runs
+
+    yield make
+    for name in made:
+        for key in (name, f"{name}.heavy"):
+            sys.modules.pop(key, None)
+
+
+def run_count(runs) -> int:
+    return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def test_a_deferred_module_runs_on_its_first_attribute_read_and_once(fake_package):
+    name, runs = fake_package("ll_deferred_once")
+    assert defer_unused_imports((name,)) == [name]
+    import ll_deferred_once.heavy as heavy  # the statement alone does not run it
+
+    assert run_count(runs) == 0
+    assert heavy.VALUE == 42
+    assert heavy.VALUE == 42 and run_count(runs) == 1
+    assert type(heavy) is types.ModuleType  # a plain module from then on
+    import ll_deferred_once
+
+    assert ll_deferred_once.heavy is heavy and sys.modules[name] is heavy
+    with pytest.raises(AttributeError):
+        heavy.missing
+
+
+def test_threads_reading_at_once_run_it_once(fake_package):
+    name, runs = fake_package("ll_deferred_threads", "import time\ntime.sleep(0.3)\nVALUE = 7")
+    defer_unused_imports((name,))
+    import ll_deferred_threads.heavy as heavy
+
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(heavy.VALUE)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [7] * 4 and run_count(runs) == 1
+
+
+def test_a_module_that_fails_fails_as_an_import_and_is_tried_again(fake_package):
+    name, runs = fake_package("ll_deferred_broken", "raise RuntimeError('broken on purpose')")
+    defer_unused_imports((name,))
+    import ll_deferred_broken.heavy as heavy
+
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        heavy.VALUE
+    assert name not in sys.modules
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        import ll_deferred_broken.heavy  # noqa: F401  run again, as any failed import
+    assert run_count(runs) == 2
+
+
+def test_only_what_is_installed_and_not_imported_is_deferred(fake_package):
+    name, runs = fake_package("ll_deferred_imported")
+    import ll_deferred_imported  # noqa: F401  its package is already there: left alone
+
+    assert defer_unused_imports((name, "ll_no_such_package.heavy")) == []
+    assert name not in sys.modules and run_count(runs) == 0
+
+
+def test_tensorflow_loads_without_sklearn_and_pyplot_and_both_still_work(tmp_path):
+    """In a fresh process: TensorFlow's import runs neither scikit-learn nor pyplot, and Keras'
+    sklearn wrapper and a pyplot chart work when used."""
+    script = f"""
+        import json, sys
+        from pipeline.deferred_imports import defer_unused_imports
+        deferred = defer_unused_imports()
+        import tensorflow as tf
+        after_import = {{"sklearn": "sklearn" in sys.modules,
+                         "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"])}}
+        from keras.wrappers import SKLearnClassifier
+        import sklearn.base
+        wrapper_ok = issubclass(SKLearnClassifier, sklearn.base.BaseEstimator)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3])
+        fig.savefig({str(tmp_path / "chart.png")!r})
+        print(json.dumps({{"deferred": deferred, "tensorflow": tf.__version__, "after_import": after_import,
+                          "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt}}))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["deferred"] == ["keras.wrappers", "matplotlib.pyplot"]
+    assert result["after_import"] == {"sklearn": False, "pyplot_ran": False}
+    assert result["wrapper_ok"] and result["pyplot_is_module"]
+    assert (tmp_path / "chart.png").stat().st_size > 1000
+
+
+def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run, tmp_path):
+    """`loopline data report` as its own process (TensorFlow imported, pyplot used for the
+    charts): the report is written with its PNGs, and Keras' sklearn wrappers were never run
+    (scikit-learn itself comes in here through TFX's TensorFlow Model Analysis and NLTK)."""
+    config, _ = pipeline_run
+    script = f"""
+        import json, sys
+        sys.argv = ["loopline", "data", "report", "--config", {str(REPO / "loopline.yaml")!r},
+                    "--set", "pipeline.root={config.pipeline.root}", "--out", {str(tmp_path / "report")!r}]
+        from pipeline import cli
+        code = cli.main()
+        print(json.dumps({{"code": code, "tensorflow": "tensorflow" in sys.modules,
+                          "keras_wrappers_ran": "SKLearnClassifier" in vars(sys.modules["keras.wrappers"]),
+                          "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"])}}))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"code": 0, "tensorflow": True, "keras_wrappers_ran": False, "pyplot_ran": True}
+    charts = list((tmp_path / "report").glob("*.png"))
+    assert charts and all(chart.stat().st_size > 1000 for chart in charts)
