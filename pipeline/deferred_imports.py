@@ -2,9 +2,10 @@
 first used instead.
 
 Keras 3, loaded as TensorFlow's `tf.keras`, imports scikit-learn (for the estimators of
-`keras.wrappers`) and matplotlib's pyplot (for the image galleries of `keras.visualization`)
-wherever they are installed: about 1 CPU second of every `loopline` process's start, a quarter of
-TensorFlow's import. Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module
+`keras.wrappers`), matplotlib's pyplot (for the image galleries of `keras.visualization`) and
+IPython (for the notebook view of `keras.saving`'s file editor) wherever they are installed: about
+1.3 CPU seconds of every `loopline` process's start, more than a quarter of TensorFlow's import.
+Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module
 the import system would make, whose code runs the first time one of its attributes is read. The
 `import` statements stay as they are, and whoever uses the module (a user's module file, the
 data report's charts) gets the real one.
@@ -20,7 +21,7 @@ import sys
 import threading
 import types
 
-DEFERRED = ("keras.wrappers", "matplotlib.pyplot")
+DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot")
 
 _lock = threading.RLock()  # one thread runs a module's code; a re-entrant read during it waits for nothing
 _pending: set[str] = set()
@@ -46,15 +47,19 @@ class _Deferred(types.ModuleType):
 
 
 def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
-    """Defers each "package.module" of `names` that is installed and not imported yet, its
-    package neither (its spec is found without importing the package); returns those deferred."""
+    """Defers each of `names` (a top-level module or "package.module") that is installed and not
+    imported yet, its package neither (its spec is found without importing the package); returns
+    those deferred."""
     deferred = []
     for name in names:
         package = name.rpartition(".")[0]
         if name in sys.modules or package in sys.modules:
             continue
-        parent = importlib.util.find_spec(package)
-        spec = parent and importlib.machinery.PathFinder.find_spec(name, parent.submodule_search_locations)
+        if package:
+            parent = importlib.util.find_spec(package)
+            spec = parent and importlib.machinery.PathFinder.find_spec(name, parent.submodule_search_locations)
+        else:
+            spec = importlib.util.find_spec(name)
         if spec is None:
             continue
         module = importlib.util.module_from_spec(spec)

@@ -57,6 +57,20 @@ def test_a_deferred_module_runs_on_its_first_attribute_read_and_once(fake_packag
         heavy.missing
 
 
+def test_a_top_level_module_is_deferred_too(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runs = tmp_path / "runs.txt"
+    (tmp_path / "ll_deferred_top.py").write_text(f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\nVALUE = 3\n")
+    try:
+        assert defer_unused_imports(("ll_deferred_top", "ll_no_such_top")) == ["ll_deferred_top"]
+        import ll_deferred_top
+
+        assert run_count(runs) == 0
+        assert ll_deferred_top.VALUE == 3 and run_count(runs) == 1
+    finally:
+        sys.modules.pop("ll_deferred_top", None)
+
+
 def test_threads_reading_at_once_run_it_once(fake_package):
     name, runs = fake_package("ll_deferred_threads", "import time\ntime.sleep(0.3)\nVALUE = 7")
     defer_unused_imports((name,))
@@ -92,16 +106,17 @@ def test_only_what_is_installed_and_not_imported_is_deferred(fake_package):
     assert name not in sys.modules and run_count(runs) == 0
 
 
-def test_tensorflow_loads_without_sklearn_and_pyplot_and_both_still_work(tmp_path):
-    """In a fresh process: TensorFlow's import runs neither scikit-learn nor pyplot, and Keras'
-    sklearn wrapper and a pyplot chart work when used."""
+def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tmp_path):
+    """In a fresh process: TensorFlow's import runs neither scikit-learn, pyplot nor IPython, and
+    Keras' sklearn wrapper, a pyplot chart and IPython work when used."""
     script = f"""
         import json, sys
         from pipeline.deferred_imports import defer_unused_imports
         deferred = defer_unused_imports()
         import tensorflow as tf
         after_import = {{"sklearn": "sklearn" in sys.modules,
-                         "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"])}}
+                         "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"]),
+                         "ipython_ran": "get_ipython" in vars(sys.modules["IPython"])}}
         from keras.wrappers import SKLearnClassifier
         import sklearn.base
         wrapper_ok = issubclass(SKLearnClassifier, sklearn.base.BaseEstimator)
@@ -111,15 +126,19 @@ def test_tensorflow_loads_without_sklearn_and_pyplot_and_both_still_work(tmp_pat
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3])
         fig.savefig({str(tmp_path / "chart.png")!r})
+        from IPython import get_ipython
+        ipython_ok = get_ipython() is None  # not in a notebook
         print(json.dumps({{"deferred": deferred, "tensorflow": tf.__version__, "after_import": after_import,
-                          "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt}}))
+                          "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt,
+                          "ipython_ok": ipython_ok}}))
     """
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["deferred"] == ["keras.wrappers", "matplotlib.pyplot"]
-    assert result["after_import"] == {"sklearn": False, "pyplot_ran": False}
+    assert result["deferred"] == ["IPython", "keras.wrappers", "matplotlib.pyplot"]
+    assert result["after_import"] == {"sklearn": False, "pyplot_ran": False, "ipython_ran": False}
+    assert result["ipython_ok"]
     assert result["wrapper_ok"] and result["pyplot_is_module"]
     assert (tmp_path / "chart.png").stat().st_size > 1000
 
@@ -127,7 +146,8 @@ def test_tensorflow_loads_without_sklearn_and_pyplot_and_both_still_work(tmp_pat
 def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run, tmp_path):
     """`loopline data report` as its own process (TensorFlow imported, pyplot used for the
     charts): the report is written with its PNGs, and Keras' sklearn wrappers were never run
-    (scikit-learn itself comes in here through TFX's TensorFlow Model Analysis and NLTK)."""
+    (scikit-learn itself comes in here through TFX's TensorFlow Model Analysis and NLTK, IPython
+    through Beam's BigQuery client)."""
     config, _ = pipeline_run
     script = f"""
         import json, sys
