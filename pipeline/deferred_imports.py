@@ -5,10 +5,10 @@ Keras 3, loaded as TensorFlow's `tf.keras`, imports scikit-learn (for the estima
 `keras.wrappers`), matplotlib's pyplot (for the image galleries of `keras.visualization`) and
 IPython (for the notebook view of `keras.saving`'s file editor) wherever they are installed: about
 1.3 CPU seconds of every `loopline` process's start, more than a quarter of TensorFlow's import.
-Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module
-the import system would make, whose code runs the first time one of its attributes is read. The
-`import` statements stay as they are, and whoever uses the module (a user's module file, the
-data report's charts) gets the real one.
+Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module the import system
+would make, whose code runs the first time one of its attributes is read. The `import`
+statements stay as they are, and whoever uses the module (a user's module file, the data
+report's charts) gets the real one.
 
 Not importlib.util.LazyLoader: in Python 3.11 any later `import` of the name reads the module's
 `__spec__`, and that read runs the module.
@@ -23,7 +23,9 @@ import types
 
 DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot")
 
-_lock = threading.RLock()  # one thread runs a module's code; a re-entrant read during it waits for nothing
+# One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
+# module's own attributes while it runs (those not set yet are missing, as in any import).
+_lock = threading.RLock()
 _pending: set[str] = set()
 
 

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -15,21 +16,25 @@ from pipeline.deferred_imports import defer_unused_imports
 from tests.conftest import REPO, subprocess_env
 
 
+def write_counting_module(path: Path, body: str = "VALUE = 42") -> Path:
+    """A module whose code is `body` and which counts its runs in the file returned."""
+    runs = path.with_suffix(".runs")
+    path.write_text(f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\n{textwrap.dedent(body)}\n")
+    return runs
+
+
 @pytest.fixture
 def fake_package(tmp_path, monkeypatch):
-    """make(name, body): a package `name` with a module `heavy` whose code is `body` and which
-    counts its runs in runs.txt; returns (module name, runs.txt). Removed from sys.modules after."""
+    """make(name, body): a package `name` with a counting module `heavy`; returns (module name,
+    its runs file). Removed from sys.modules after."""
     monkeypatch.syspath_prepend(str(tmp_path))
     made = []
 
-    def make(name: str, body: str = "VALUE = 42") -> tuple[str, object]:
+    def make(name: str, body: str = "VALUE = 42") -> tuple[str, Path]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text("")
-        runs = tmp_path / name / "runs.txt"
-        (tmp_path / name / "heavy.py").write_text(
-            f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\n{textwrap.dedent(body)}\n")
         made.append(name)
-        return f"{name}.heavy", runs
+        return f"{name}.heavy", write_counting_module(tmp_path / name / "heavy.py", body)
 
     yield make
     for name in made:
@@ -59,8 +64,7 @@ def test_a_deferred_module_runs_on_its_first_attribute_read_and_once(fake_packag
 
 def test_a_top_level_module_is_deferred_too(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    runs = tmp_path / "runs.txt"
-    (tmp_path / "ll_deferred_top.py").write_text(f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\nVALUE = 3\n")
+    runs = write_counting_module(tmp_path / "ll_deferred_top.py", "VALUE = 3")
     try:
         assert defer_unused_imports(("ll_deferred_top", "ll_no_such_top")) == ["ll_deferred_top"]
         import ll_deferred_top
@@ -106,6 +110,14 @@ def test_only_what_is_installed_and_not_imported_is_deferred(fake_package):
     assert name not in sys.modules and run_count(runs) == 0
 
 
+def run_python(script: str) -> dict:
+    """Runs `script` in a fresh Python process of this checkout; its last stdout line, as JSON."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tmp_path):
     """In a fresh process: TensorFlow's import runs neither scikit-learn, pyplot nor IPython, and
     Keras' sklearn wrapper, a pyplot chart and IPython work when used."""
@@ -132,10 +144,7 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
                           "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt,
                           "ipython_ok": ipython_ok}}))
     """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_python(script)
     assert result["deferred"] == ["IPython", "keras.wrappers", "matplotlib.pyplot"]
     assert result["after_import"] == {"sklearn": False, "pyplot_ran": False, "ipython_ran": False}
     assert result["ipython_ok"]
@@ -159,10 +168,7 @@ def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run
                           "keras_wrappers_ran": "SKLearnClassifier" in vars(sys.modules["keras.wrappers"]),
                           "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"])}}))
     """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_python(script)
     assert result == {"code": 0, "tensorflow": True, "keras_wrappers_ran": False, "pyplot_ran": True}
     charts = list((tmp_path / "report").glob("*.png"))
     assert charts and all(chart.stat().st_size > 1000 for chart in charts)
