@@ -539,11 +539,20 @@ def _parse(argv: list[str] | None):
     return args
 
 
+# Commands that only talk to a server or to the registry: TensorFlow's import (about 3 CPU s) runs
+# there only if one of them reads an attribute of it. The TF Serving stubs need its protos, which
+# load without it.
+CLIENT_COMMANDS = ("predict", "models")
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the process's own command line (the console script, python -m)
+    whole_process = argv is None  # the process's own command line (the console script, python -m)
+    if whole_process:
         defer_unused_imports()  # before anything imports TensorFlow
     args = _parse(argv)
-    args.whole_process = argv is None
+    args.whole_process = whole_process
+    if whole_process and args.command in CLIENT_COMMANDS:
+        defer_unused_imports(("tensorflow",))
     set_library_env()
     _quiet_libraries()
     # Opened by the command once the config names pipeline.root (run, train, serve, predict, data).

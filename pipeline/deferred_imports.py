@@ -1,5 +1,6 @@
-"""Modules that TensorFlow's import of Keras brings in and no loopline command uses, loaded when
-first used instead.
+"""Modules a `loopline` command does not use, loaded when first used instead: those TensorFlow's
+import of Keras brings in (DEFERRED), and TensorFlow itself for the commands that only talk to a
+server or to the registry (pipeline/cli.py).
 
 Keras 3, loaded as TensorFlow's `tf.keras`, imports scikit-learn (for the estimators of
 `keras.wrappers`), matplotlib's pyplot (for the image galleries of `keras.visualization`) and

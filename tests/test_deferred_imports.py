@@ -3,6 +3,7 @@ not run by the import, run once on first use, and the real module from then on."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import pytest
 
 from pipeline.deferred_imports import defer_unused_imports
 from tests.conftest import REPO, subprocess_env
+from tests.serving_helpers import ServerProcess
 
 
 def write_counting_module(path: Path, body: str = "VALUE = 42") -> Path:
@@ -172,3 +174,40 @@ def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run
     assert result == {"code": 0, "tensorflow": True, "keras_wrappers_ran": False, "pyplot_ran": True}
     charts = list((tmp_path / "report").glob("*.png"))
     assert charts and all(chart.stat().st_size > 1000 for chart in charts)
+
+
+def run_command(*args: str) -> dict:
+    """`loopline <args>` as its process's own command, in a fresh process: its exit code, what it
+    printed, and whether TensorFlow's own code ran."""
+    return run_python(f"""
+        import contextlib, io, json, sys
+        sys.argv = ["loopline", *{list(args)!r}]
+        from pipeline import cli
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = cli.main()
+        print(json.dumps({{"code": code, "lines": printed.getvalue().splitlines(),
+                          "tensorflow_ran": "__version__" in vars(sys.modules.get("tensorflow", sys))}}))
+    """)
+
+
+def test_client_commands_answer_without_running_tensorflow(pipeline_run):
+    """`loopline predict` (gRPC and REST) and `loopline models` use TensorFlow Serving's protos and
+    MLflow, not TensorFlow: its import is deferred there, and the answers are the usual ones."""
+    config, _ = pipeline_run
+    root = config.pipeline.root
+    server = ServerProcess(Path(root))
+    try:
+        common = ["--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={root}"]
+        rows = str(REPO / "data" / "penguins.csv")
+        over_grpc = run_command("predict", rows, *common, "--port", str(server.grpc_port))
+        over_rest = run_command("predict", rows, "--rest", *common, "--port", str(server.rest_port))
+    finally:
+        server.stop()
+    models = run_command("models", *common)
+    for result in (over_grpc, over_rest, models):
+        assert result["code"] == 0 and not result["tensorflow_ran"], result
+    assert over_grpc["lines"] == over_rest["lines"] and len(over_grpc["lines"]) == 344
+    assert over_grpc["lines"][0].startswith("row 0: body_mass_g=") and "class=" in over_grpc["lines"][0]
+    assert re.fullmatch(rf"{config.serving.model_name} \((\d+) versions\)", models["lines"][0])
+    assert models["lines"][1].split()[:2] == ["version", "aliases"] and models["lines"][2].split()[0].isdigit()
