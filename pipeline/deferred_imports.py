@@ -1,28 +1,33 @@
 """Modules a `loopline` command does not use, loaded when first used instead: those TensorFlow's
-import of Keras brings in (DEFERRED), and TensorFlow itself for the commands that only talk to a
-server or to the registry (pipeline/cli.py).
+import of Keras and TFX's runner bring in (DEFERRED), and TensorFlow itself for the commands that
+only talk to a server or to the registry (pipeline/cli.py).
 
 Keras 3, loaded as TensorFlow's `tf.keras`, imports scikit-learn (for the estimators of
 `keras.wrappers`), matplotlib's pyplot (for the image galleries of `keras.visualization`) and
 IPython (for the notebook view of `keras.saving`'s file editor) wherever they are installed: about
 1.3 CPU seconds of every `loopline` process's start, more than a quarter of TensorFlow's import.
-Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module the import system
-would make, whose code runs the first time one of its attributes is read. The `import`
-statements stay as they are, and whoever uses the module (a user's module file, the data
-report's charts) gets the real one.
+TFX's runner imports `tfx.components` (every TFX component, for one constant of its Evaluator)
+and TensorFlow Model Analysis (its evaluators and metrics, NLTK and scikit-learn, for the config
+messages of `tensorflow_model_analysis.sdk`): about 1.5 CPU seconds of `loopline run`, whose
+components are loopline's own. Before TensorFlow loads, each of DEFERRED is put in sys.modules as
+the module the import system would make, whose code runs the first time one of its attributes is
+read; a package's submodule asked for by name (`from package import module`) is imported without
+it. The `import` statements stay as they are, and whoever uses the module (a user's module file,
+the data report's charts) gets the real one.
 
 Not importlib.util.LazyLoader: in Python 3.11 any later `import` of the name reads the module's
 `__spec__`, and that read runs the module.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import sys
 import threading
 import types
 
-DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot")
+DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", "tensorflow_model_analysis")
 
 # One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
 # module's own attributes while it runs (those not set yet are missing, as in any import).
@@ -31,22 +36,33 @@ _pending: set[str] = set()
 
 
 class _Deferred(types.ModuleType):
-    """A module whose code has not run yet: reading an attribute it lacks runs it first."""
+    """A module whose code has not run yet: reading an attribute it lacks runs it first, except
+    a package's submodule (`from package import module`), which is imported alone."""
 
     def __getattr__(self, name: str):
         with _lock:
             if self.__name__ in _pending:
-                _pending.discard(self.__name__)
-                try:
-                    self.__spec__.loader.exec_module(self)
-                except BaseException:
-                    sys.modules.pop(self.__name__, None)  # as a failed import: the next import tries again
-                    raise
-                self.__class__ = types.ModuleType
-                package, _, child = self.__name__.rpartition(".")
-                if package in sys.modules:  # as the import system does once a submodule has loaded
-                    setattr(sys.modules[package], child, self)
+                if _is_submodule(self, name):
+                    return importlib.import_module(f"{self.__name__}.{name}")
+                self._run()
         return types.ModuleType.__getattribute__(self, name)
+
+    def _run(self) -> None:
+        _pending.discard(self.__name__)
+        try:
+            self.__spec__.loader.exec_module(self)
+        except BaseException:
+            sys.modules.pop(self.__name__, None)  # as a failed import: the next import tries again
+            raise
+        self.__class__ = types.ModuleType
+        package, _, child = self.__name__.rpartition(".")
+        if package in sys.modules:  # as the import system does once a submodule has loaded
+            setattr(sys.modules[package], child, self)
+
+
+def _is_submodule(package: types.ModuleType, name: str) -> bool:
+    path = package.__dict__.get("__path__")
+    return path is not None and importlib.machinery.PathFinder.find_spec(f"{package.__name__}.{name}", path) is not None
 
 
 def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deferred_imports import defer_unused_imports
+from pipeline.deferred_imports import DEFERRED, defer_unused_imports
 from tests.conftest import REPO, subprocess_env
 from tests.serving_helpers import ServerProcess
 
@@ -77,6 +77,25 @@ def test_a_top_level_module_is_deferred_too(tmp_path, monkeypatch):
         sys.modules.pop("ll_deferred_top", None)
 
 
+def test_a_deferred_package_gives_a_submodule_asked_for_by_name_without_running(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ll_deferred_pkg").mkdir()
+    package_runs = write_counting_module(tmp_path / "ll_deferred_pkg" / "__init__.py", "VALUE = 1")
+    module_runs = write_counting_module(tmp_path / "ll_deferred_pkg" / "sub.py", "X = 2")
+    try:
+        defer_unused_imports(("ll_deferred_pkg",))
+        from ll_deferred_pkg import sub
+
+        assert sub.X == 2 and run_count(module_runs) == 1 and run_count(package_runs) == 0
+        import ll_deferred_pkg
+
+        assert ll_deferred_pkg.VALUE == 1 and run_count(package_runs) == 1  # anything else runs the package
+        assert ll_deferred_pkg.sub is sub and run_count(module_runs) == 1
+    finally:
+        for name in ("ll_deferred_pkg", "ll_deferred_pkg.sub"):
+            sys.modules.pop(name, None)
+
+
 def test_threads_reading_at_once_run_it_once(fake_package):
     name, runs = fake_package("ll_deferred_threads", "import time\ntime.sleep(0.3)\nVALUE = 7")
     defer_unused_imports((name,))
@@ -125,7 +144,7 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
     Keras' sklearn wrapper, a pyplot chart and IPython work when used."""
     script = f"""
         import json, sys
-        from pipeline.deferred_imports import defer_unused_imports
+        from pipeline.deferred_imports import DEFERRED, defer_unused_imports
         deferred = defer_unused_imports()
         import tensorflow as tf
         after_import = {{"sklearn": "sklearn" in sys.modules,
@@ -147,7 +166,7 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
                           "ipython_ok": ipython_ok}}))
     """
     result = run_python(script)
-    assert result["deferred"] == ["IPython", "keras.wrappers", "matplotlib.pyplot"]
+    assert result["deferred"] == list(DEFERRED)  # each installed, none imported before
     assert result["after_import"] == {"sklearn": False, "pyplot_ran": False, "ipython_ran": False}
     assert result["ipython_ok"]
     assert result["wrapper_ok"] and result["pyplot_is_module"]
@@ -211,3 +230,29 @@ def test_client_commands_answer_without_running_tensorflow(pipeline_run):
     assert over_grpc["lines"][0].startswith("row 0: body_mass_g=") and "class=" in over_grpc["lines"][0]
     assert re.fullmatch(rf"{config.serving.model_name} \((\d+) versions\)", models["lines"][0])
     assert models["lines"][1].split()[:2] == ["version", "aliases"] and models["lines"][2].split()[0].isdigit()
+
+
+def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
+    """`loopline run` as its own process: TFX's runner gets TensorFlow Model Analysis' config
+    messages (its `sdk` module) without the package, and `tfx.components` is never run; the run
+    trains, pushes and registers as usual."""
+    result = run_python(f"""
+        import contextlib, io, json, sys
+        sys.argv = ["loopline", "run", "--config", {str(REPO / "loopline.yaml")!r},
+                    "--set", "pipeline.root={tmp_path / 'root'}", "--set", "trainer.epochs=1"]
+        from pipeline import cli
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = cli.main()
+        ran = lambda name, attribute: attribute in vars(sys.modules[name])
+        print(json.dumps({{"code": code, "lines": printed.getvalue().splitlines(),
+                          "model_analysis_ran": ran("tensorflow_model_analysis", "evaluators"),
+                          "sdk_loaded": ran("tensorflow_model_analysis.sdk", "EvalConfig"),
+                          "tfx_components_ran": ran("tfx.components", "Evaluator"),
+                          "sklearn": "sklearn" in sys.modules}}))
+    """)
+    assert result["code"] == 0, result["lines"]
+    assert result["sdk_loaded"] and not result["model_analysis_ran"] and not result["tfx_components_ran"]
+    assert not result["sklearn"]
+    assert "loopline run finished" in result["lines"]
+    assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
