@@ -8,8 +8,9 @@ IPython (for the notebook view of `keras.saving`'s file editor) wherever they ar
 1.3 CPU seconds of every `loopline` process's start, more than a quarter of TensorFlow's import.
 TFX's runner imports `tfx.components` (every TFX component, for one constant of its Evaluator)
 and TensorFlow Model Analysis (its evaluators and metrics, NLTK and scikit-learn, for the config
-messages of `tensorflow_model_analysis.sdk`): about 1.5 CPU seconds of `loopline run`, whose
-components are loopline's own. Before TensorFlow loads, each of DEFERRED is put in sys.modules as
+messages of `tensorflow_model_analysis.sdk`), and Beam's BigQuery client imports tqdm's notebook
+progress bar (ipywidgets and IPython): about 1.8 CPU seconds of `loopline run`, whose components
+are loopline's own. Before TensorFlow loads, each of DEFERRED is put in sys.modules as
 the module the import system would make, whose code runs the first time one of its attributes is
 read; a package's submodule asked for by name (`from package import module`) is imported without
 it. The `import` statements stay as they are, and whoever uses the module (a user's module file,
@@ -27,7 +28,8 @@ import sys
 import threading
 import types
 
-DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", "tensorflow_model_analysis")
+DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", "tensorflow_model_analysis",
+            "tqdm.notebook")
 
 # One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
 # module's own attributes while it runs (those not set yet are missing, as in any import).

@@ -234,8 +234,8 @@ def test_client_commands_answer_without_running_tensorflow(pipeline_run):
 
 def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
     """`loopline run` as its own process: TFX's runner gets TensorFlow Model Analysis' config
-    messages (its `sdk` module) without the package, and `tfx.components` is never run; the run
-    trains, pushes and registers as usual."""
+    messages (its `sdk` module) without the package, `tfx.components` is never run, nor tqdm's
+    notebook bar (Beam's BigQuery client); the run trains, pushes and registers as usual."""
     result = run_python(f"""
         import contextlib, io, json, sys
         sys.argv = ["loopline", "run", "--config", {str(REPO / "loopline.yaml")!r},
@@ -249,10 +249,10 @@ def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
                           "model_analysis_ran": ran("tensorflow_model_analysis", "evaluators"),
                           "sdk_loaded": ran("tensorflow_model_analysis.sdk", "EvalConfig"),
                           "tfx_components_ran": ran("tfx.components", "Evaluator"),
-                          "sklearn": "sklearn" in sys.modules}}))
+                          "sklearn": "sklearn" in sys.modules, "ipywidgets": "ipywidgets" in sys.modules}}))
     """)
     assert result["code"] == 0, result["lines"]
     assert result["sdk_loaded"] and not result["model_analysis_ran"] and not result["tfx_components_ran"]
-    assert not result["sklearn"]
+    assert not result["sklearn"] and not result["ipywidgets"]  # nor Beam's notebook progress bar
     assert "loopline run finished" in result["lines"]
     assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
