@@ -173,31 +173,13 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
     assert (tmp_path / "chart.png").stat().st_size > 1000
 
 
-def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run, tmp_path):
-    """`loopline data report` as its own process (TensorFlow imported, pyplot used for the
-    charts): the report is written with its PNGs, and Keras' sklearn wrappers were never run
-    (scikit-learn itself comes in here through TFX's TensorFlow Model Analysis and NLTK, IPython
-    through Beam's BigQuery client)."""
-    config, _ = pipeline_run
-    script = f"""
-        import json, sys
-        sys.argv = ["loopline", "data", "report", "--config", {str(REPO / "loopline.yaml")!r},
-                    "--set", "pipeline.root={config.pipeline.root}", "--out", {str(tmp_path / "report")!r}]
-        from pipeline import cli
-        code = cli.main()
-        print(json.dumps({{"code": code, "tensorflow": "tensorflow" in sys.modules,
-                          "keras_wrappers_ran": "SKLearnClassifier" in vars(sys.modules["keras.wrappers"]),
-                          "pyplot_ran": "figure" in vars(sys.modules["matplotlib.pyplot"])}}))
-    """
-    result = run_python(script)
-    assert result == {"code": 0, "tensorflow": True, "keras_wrappers_ran": False, "pyplot_ran": True}
-    charts = list((tmp_path / "report").glob("*.png"))
-    assert charts and all(chart.stat().st_size > 1000 for chart in charts)
-
-
-def run_command(*args: str) -> dict:
+def run_command(*args: str, checks: dict[str, str] | None = None) -> dict:
     """`loopline <args>` as its process's own command, in a fresh process: its exit code, what it
-    printed, and whether TensorFlow's own code ran."""
+    printed, whether TensorFlow's own code ran and, per `checks`, the value of each expression
+    after the command (`ran(module, attribute)`: whether the module's code ran far enough to set
+    the attribute; None when the module was never imported)."""
+    checks = {"tensorflow_ran": 'ran("tensorflow", "__version__")', **(checks or {})}
+    values = ", ".join(f"{key!r}: {expression}" for key, expression in checks.items())
     return run_python(f"""
         import contextlib, io, json, sys
         sys.argv = ["loopline", *{list(args)!r}]
@@ -205,9 +187,25 @@ def run_command(*args: str) -> dict:
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             code = cli.main()
-        print(json.dumps({{"code": code, "lines": printed.getvalue().splitlines(),
-                          "tensorflow_ran": "__version__" in vars(sys.modules.get("tensorflow", sys))}}))
+        ran = lambda name, attribute: attribute in vars(sys.modules[name]) if name in sys.modules else None
+        print(json.dumps({{"code": code, "lines": printed.getvalue().splitlines(), {values}}}))
     """)
+
+
+def test_the_loopline_command_defers_them_and_its_charts_still_draw(pipeline_run, tmp_path):
+    """`loopline data report` as its own process (TensorFlow imported, pyplot used for the
+    charts): the report is written with its PNGs, and Keras' sklearn wrappers were never run
+    (scikit-learn itself comes in here through TFX's TensorFlow Model Analysis and NLTK, IPython
+    through Beam's BigQuery client)."""
+    config, _ = pipeline_run
+    result = run_command("data", "report", "--config", str(REPO / "loopline.yaml"),
+                         "--set", f"pipeline.root={config.pipeline.root}", "--out", str(tmp_path / "report"),
+                         checks={"keras_wrappers_ran": 'ran("keras.wrappers", "SKLearnClassifier")',
+                                 "pyplot_ran": 'ran("matplotlib.pyplot", "figure")'})
+    assert result["code"] == 0, result["lines"]
+    assert (result["tensorflow_ran"], result["keras_wrappers_ran"], result["pyplot_ran"]) == (True, False, True)
+    charts = list((tmp_path / "report").glob("*.png"))
+    assert charts and all(chart.stat().st_size > 1000 for chart in charts)
 
 
 def test_client_commands_answer_without_running_tensorflow(pipeline_run):
@@ -236,23 +234,15 @@ def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
     """`loopline run` as its own process: TFX's runner gets TensorFlow Model Analysis' config
     messages (its `sdk` module) without the package, `tfx.components` is never run, nor tqdm's
     notebook bar (Beam's BigQuery client); the run trains, pushes and registers as usual."""
-    result = run_python(f"""
-        import contextlib, io, json, sys
-        sys.argv = ["loopline", "run", "--config", {str(REPO / "loopline.yaml")!r},
-                    "--set", "pipeline.root={tmp_path / 'root'}", "--set", "trainer.epochs=1"]
-        from pipeline import cli
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            code = cli.main()
-        ran = lambda name, attribute: attribute in vars(sys.modules[name])
-        print(json.dumps({{"code": code, "lines": printed.getvalue().splitlines(),
-                          "model_analysis_ran": ran("tensorflow_model_analysis", "evaluators"),
-                          "sdk_loaded": ran("tensorflow_model_analysis.sdk", "EvalConfig"),
-                          "tfx_components_ran": ran("tfx.components", "Evaluator"),
-                          "sklearn": "sklearn" in sys.modules, "ipywidgets": "ipywidgets" in sys.modules}}))
-    """)
+    result = run_command("run", "--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path / 'root'}",
+                         "--set", "trainer.epochs=1", checks={
+                             "model_analysis_ran": 'ran("tensorflow_model_analysis", "evaluators")',
+                             "sdk_loaded": 'ran("tensorflow_model_analysis.sdk", "EvalConfig")',
+                             "tfx_components_ran": 'ran("tfx.components", "Evaluator")',
+                             "sklearn": '"sklearn" in sys.modules', "ipywidgets": '"ipywidgets" in sys.modules'})
     assert result["code"] == 0, result["lines"]
-    assert result["sdk_loaded"] and not result["model_analysis_ran"] and not result["tfx_components_ran"]
+    assert result["sdk_loaded"] is True and result["model_analysis_ran"] is False
+    assert result["tfx_components_ran"] is False
     assert not result["sklearn"] and not result["ipywidgets"]  # nor Beam's notebook progress bar
     assert "loopline run finished" in result["lines"]
     assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
