@@ -159,8 +159,8 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3])
         fig.savefig({str(tmp_path / "chart.png")!r})
-        from IPython import get_ipython
-        ipython_ok = get_ipython() is None  # not in a notebook
+        from IPython import InteractiveShell  # runs IPython
+        ipython_ok = "get_ipython" in vars(sys.modules["IPython"]) and InteractiveShell.initialized() is False
         print(json.dumps({{"deferred": deferred, "tensorflow": tf.__version__, "after_import": after_import,
                           "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt,
                           "ipython_ok": ipython_ok}}))
@@ -171,6 +171,32 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
     assert result["ipython_ok"]
     assert result["wrapper_ok"] and result["pyplot_is_module"]
     assert (tmp_path / "chart.png").stat().st_size > 1000
+
+
+def test_ipython_answers_get_ipython_without_running_and_mlflow_runs_its_gateway_when_used():
+    """In a fresh process: IPython's `get_ipython()` answers as IPython would (None, then the shell
+    once one is made) without IPython's package running; MLflow imports without running its
+    gateway (nor FastAPI), which runs on first use."""
+    result = run_python("""
+        import json, sys
+        from pipeline.deferred_imports import defer_unused_imports
+        defer_unused_imports(("IPython", "mlflow.gateway"))
+        from IPython import get_ipython
+        no_shell = get_ipython()
+        from IPython.core.interactiveshell import InteractiveShell  # makes a shell, IPython's package not run
+        shell = InteractiveShell.instance()
+        from IPython import get_ipython
+        answers = [no_shell is None, get_ipython() is shell, "embed" in vars(sys.modules["IPython"])]
+        import IPython
+        answers += [IPython.embed is not None, IPython.get_ipython() is shell]  # runs IPython's package
+        import mlflow
+        gateway = ["get_gateway_uri" in vars(mlflow.gateway), "fastapi" in sys.modules]
+        from mlflow.gateway import get_gateway_uri
+        gateway += [callable(get_gateway_uri), "fastapi" in sys.modules]
+        print(json.dumps({"answers": answers, "gateway": gateway}))
+    """)
+    assert result["answers"] == [True, True, False, True, True]
+    assert result["gateway"] == [False, False, True, True]
 
 
 def run_command(*args: str, checks: dict[str, str] | None = None) -> dict:
@@ -221,9 +247,10 @@ def test_client_commands_answer_without_running_tensorflow(pipeline_run):
         over_rest = run_command("predict", rows, "--rest", *common, "--port", str(server.rest_port))
     finally:
         server.stop()
-    models = run_command("models", *common)
+    models = run_command("models", *common, checks={"fastapi": '"fastapi" in sys.modules'})
     for result in (over_grpc, over_rest, models):
         assert result["code"] == 0 and not result["tensorflow_ran"], result
+    assert not models["fastapi"]  # MLflow's gateway is never run
     assert over_grpc["lines"] == over_rest["lines"] and len(over_grpc["lines"]) == 344
     assert over_grpc["lines"][0].startswith("row 0: body_mass_g=") and "class=" in over_grpc["lines"][0]
     assert re.fullmatch(rf"{config.serving.model_name} \((\d+) versions\)", models["lines"][0])
@@ -233,16 +260,20 @@ def test_client_commands_answer_without_running_tensorflow(pipeline_run):
 def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
     """`loopline run` as its own process: TFX's runner gets TensorFlow Model Analysis' config
     messages (its `sdk` module) without the package, `tfx.components` is never run, nor tqdm's
-    notebook bar (Beam's BigQuery client); the run trains, pushes and registers as usual."""
+    notebook bar (Beam's BigQuery client), IPython (Beam asks for its shell at every transform) or
+    MLflow's gateway; the run trains, pushes and registers as usual."""
     result = run_command("run", "--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path / 'root'}",
                          "--set", "trainer.epochs=1", checks={
                              "model_analysis_ran": 'ran("tensorflow_model_analysis", "evaluators")',
                              "sdk_loaded": 'ran("tensorflow_model_analysis.sdk", "EvalConfig")',
                              "tfx_components_ran": 'ran("tfx.components", "Evaluator")',
-                             "sklearn": '"sklearn" in sys.modules', "ipywidgets": '"ipywidgets" in sys.modules'})
+                             "ipython_ran": 'ran("IPython", "embed")', "gateway_ran": 'ran("mlflow.gateway", "get_gateway_uri")',
+                             "sklearn": '"sklearn" in sys.modules', "ipywidgets": '"ipywidgets" in sys.modules',
+                             "fastapi": '"fastapi" in sys.modules'})
     assert result["code"] == 0, result["lines"]
     assert result["sdk_loaded"] is True and result["model_analysis_ran"] is False
     assert result["tfx_components_ran"] is False
     assert not result["sklearn"] and not result["ipywidgets"]  # nor Beam's notebook progress bar
+    assert (result["ipython_ran"], result["gateway_ran"], result["fastapi"]) == (False, False, False)
     assert "loopline run finished" in result["lines"]
     assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
