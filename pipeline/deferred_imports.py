@@ -11,8 +11,9 @@ and TensorFlow Model Analysis (its evaluators and metrics, NLTK and scikit-learn
 messages of `tensorflow_model_analysis.sdk`), and Beam's BigQuery client imports tqdm's notebook
 progress bar (ipywidgets and IPython): about 1.8 CPU seconds of `loopline run`, whose components
 are loopline's own. MLflow's import runs its AI gateway's package (FastAPI with it) for a module of
-constants its GenAI judges read, and Beam asks IPython for its shell at every transform it
-applies, answered here without running IPython (_get_ipython): about 0.5 CPU seconds more.
+constants its GenAI judges read, Beam asks IPython for its shell at every transform it applies,
+answered here without running IPython (_get_ipython), and Beam's I/O modules import Google
+Cloud's BigQuery, Pub/Sub and Dataflow clients: about 0.7 CPU seconds more.
 
 Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module the import system
 would make, whose code runs the first time one of its attributes is read; a package's submodule
@@ -33,7 +34,11 @@ import threading
 import types
 
 DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", "tensorflow_model_analysis",
-            "tqdm.notebook", "mlflow.gateway")
+            "tqdm.notebook", "mlflow.gateway",
+            # Google Cloud's clients, which Beam imports for its BigQuery, Pub/Sub and Dataflow I/O
+            # and uses only when a pipeline reads or writes there
+            "google.cloud.bigquery", "google.cloud.bigquery_storage_v1", "google.cloud.pubsub",
+            "google.cloud.dataflow")
 
 # One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
 # module's own attributes while it runs (those not set yet are missing, as in any import).
@@ -87,12 +92,12 @@ def _is_submodule(package: types.ModuleType, name: str) -> bool:
 
 def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
     """Defers each of `names` (a top-level module or "package.module") that is installed and not
-    imported yet, its package neither (its spec is found without importing the package); returns
-    those deferred."""
+    imported yet, its package neither unless that is a namespace package, which runs no code (its
+    spec is found without importing the package); returns those deferred."""
     deferred = []
     for name in names:
-        package = name.rpartition(".")[0]
-        if name in sys.modules or package in sys.modules:
+        package, _, child = name.rpartition(".")
+        if name in sys.modules or _imported_package(package):
             continue
         if package:
             parent = importlib.util.find_spec(package)
@@ -105,5 +110,13 @@ def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
         module.__class__ = _Deferred
         _pending.add(name)
         sys.modules[name] = module
+        if package in sys.modules:  # a namespace package: the attribute the import system would set
+            setattr(sys.modules[package], child, module)
         deferred.append(name)
     return deferred
+
+
+def _imported_package(name: str) -> bool:
+    """Whether `name` is imported and has code of its own (a namespace package has none)."""
+    module = sys.modules.get(name)
+    return module is not None and getattr(module, "__file__", None) is not None

@@ -131,6 +131,25 @@ def test_only_what_is_installed_and_not_imported_is_deferred(fake_package):
     assert name not in sys.modules and run_count(runs) == 0
 
 
+def test_a_child_of_an_imported_namespace_package_is_deferred(tmp_path, monkeypatch):
+    """A namespace package (`google.cloud`) runs no code when imported, so its children can still
+    be deferred; the attribute the import system would set on it points at the deferred child."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ll_namespace").mkdir()  # no __init__.py: a namespace package
+    runs = write_counting_module(tmp_path / "ll_namespace" / "client.py", "VALUE = 5")
+    try:
+        import ll_namespace
+
+        assert defer_unused_imports(("ll_namespace.client",)) == ["ll_namespace.client"]
+        from ll_namespace import client
+
+        assert ll_namespace.client is client and run_count(runs) == 0
+        assert client.VALUE == 5 and run_count(runs) == 1
+    finally:
+        for name in ("ll_namespace", "ll_namespace.client"):
+            sys.modules.pop(name, None)
+
+
 def run_python(script: str) -> dict:
     """Runs `script` in a fresh Python process of this checkout; its last stdout line, as JSON."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=subprocess_env(),
@@ -269,11 +288,15 @@ def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
                              "tfx_components_ran": 'ran("tfx.components", "Evaluator")',
                              "ipython_ran": 'ran("IPython", "embed")', "gateway_ran": 'ran("mlflow.gateway", "get_gateway_uri")',
                              "sklearn": '"sklearn" in sys.modules', "ipywidgets": '"ipywidgets" in sys.modules',
-                             "fastapi": '"fastapi" in sys.modules'})
+                             "fastapi": '"fastapi" in sys.modules',
+                             "google_cloud_ran": '[ran(f"google.cloud.{n}", a) for n, a in (("bigquery", "Client"), '
+                                                 '("bigquery_storage_v1", "BigQueryReadClient"), '
+                                                 '("pubsub", "PublisherClient"), ("dataflow", "__version__"))]'})
     assert result["code"] == 0, result["lines"]
     assert result["sdk_loaded"] is True and result["model_analysis_ran"] is False
     assert result["tfx_components_ran"] is False
     assert not result["sklearn"] and not result["ipywidgets"]  # nor Beam's notebook progress bar
     assert (result["ipython_ran"], result["gateway_ran"], result["fastapi"]) == (False, False, False)
+    assert result["google_cloud_ran"] == [False] * 4  # Beam's Google Cloud clients
     assert "loopline run finished" in result["lines"]
     assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
