@@ -43,6 +43,8 @@ DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", 
 # One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
 # module's own attributes while it runs (those not set yet are missing, as in any import).
 _lock = threading.RLock()
+# Names whose code has not started: not the module's class, which must stay _Deferred while its
+# code runs so that other threads' reads still come to the lock and wait.
 _pending: set[str] = set()
 
 
@@ -80,9 +82,7 @@ class _Deferred(types.ModuleType):
             sys.modules.pop(self.__name__, None)  # as a failed import: the next import tries again
             raise
         self.__class__ = types.ModuleType
-        package, _, child = self.__name__.rpartition(".")
-        if package in sys.modules:  # as the import system does once a submodule has loaded
-            setattr(sys.modules[package], child, self)
+        _set_on_package(self)  # as the import system does once a submodule has loaded
 
 
 def _is_submodule(package: types.ModuleType, name: str) -> bool:
@@ -96,7 +96,7 @@ def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
     spec is found without importing the package); returns those deferred."""
     deferred = []
     for name in names:
-        package, _, child = name.rpartition(".")
+        package = name.rpartition(".")[0]
         if name in sys.modules or _imported_package(package):
             continue
         if package:
@@ -110,10 +110,16 @@ def defer_unused_imports(names: tuple[str, ...] = DEFERRED) -> list[str]:
         module.__class__ = _Deferred
         _pending.add(name)
         sys.modules[name] = module
-        if package in sys.modules:  # a namespace package: the attribute the import system would set
-            setattr(sys.modules[package], child, module)
+        _set_on_package(module)  # an imported namespace package gets the attribute, as in an import
         deferred.append(name)
     return deferred
+
+
+def _set_on_package(module: types.ModuleType) -> None:
+    """Sets a submodule as its package's attribute when the package is imported."""
+    package, _, child = module.__name__.rpartition(".")
+    if package in sys.modules:
+        setattr(sys.modules[package], child, module)
 
 
 def _imported_package(name: str) -> bool:
