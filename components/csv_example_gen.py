@@ -17,6 +17,8 @@ import os
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 from apache_beam.io.filebasedsink import FileBasedSink
 from apache_beam.io.filesystem import CompressionTypes
 from tfx.components.example_gen import component as example_gen_component
@@ -29,7 +31,8 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from components import ingest_statistics
+from components import ingest_statistics, splits
+from components.splits import TRAIN_SPLIT
 from ingestion import csv_records
 from ingestion.csv_options import CsvOptions
 
@@ -74,11 +77,25 @@ class _EncodeAndSplit(beam.DoFn):
 
         for batch in csv_records.read_batches(path, self._names, self._options):
             records, columns = csv_records.encode_with_columns(batch, types)
-            frames, split = csv_records.split_records(records, self._buckets)
+            frames, split, rows = csv_records.split_records(records, self._buckets)
             for index, (name, framed) in enumerate(zip(self._split_names, frames)):
                 if framed:
-                    yield beam.pvalue.TaggedOutput(name, framed)
-                    yield beam.pvalue.TaggedOutput(summary_tag(name), summarize_batch(columns.filter(split == index)))
+                    picked = columns.filter(split == index)
+                    if name == TRAIN_SPLIT:  # the records with their columns, for the Trainer (trainer.handover)
+                        yield beam.pvalue.TaggedOutput(name, (framed, _with_buckets(picked, [rows[i] for i in np.flatnonzero(split == index)])))
+                    else:
+                        yield beam.pvalue.TaggedOutput(name, framed)
+                    yield beam.pvalue.TaggedOutput(summary_tag(name), summarize_batch(picked))
+
+
+def _with_buckets(columns: pa.RecordBatch, records: list[bytes]) -> pa.RecordBatch:
+    """The columns and each record's hold-out bucket (trainer.holdout.bucket of its bytes)."""
+    import tensorflow as tf
+
+    from trainer import handover, holdout
+
+    buckets = holdout.bucket(tf.constant(records, tf.string)).numpy().astype(np.int16)
+    return columns.append_column(handover.BUCKET, pa.array(buckets))
 
 
 def summary_tag(split: str) -> str:
@@ -87,17 +104,39 @@ def summary_tag(split: str) -> str:
 
 
 class _FramedRecordsSink(FileBasedSink):
-    """Writes elements that are already TFRecord-framed bytes into GZIP files (`.gz`)."""
+    """Writes elements that are already TFRecord-framed bytes into GZIP files (`.gz`). An element
+    (framed bytes, columns) also has its columns written to `columns_dir`, named after the GZIP
+    file they go with (trainer.handover)."""
 
-    def __init__(self, file_path_prefix: str):
+    def __init__(self, file_path_prefix: str, columns_dir: str | None = None):
         super().__init__(file_path_prefix, coder=beam.coders.BytesCoder(), file_name_suffix=".gz",
                          compression_type=CompressionTypes.UNCOMPRESSED)
+        self._columns_dir = columns_dir
 
-    def open(self, temp_path: str) -> csv_records.GzipFile:
-        return csv_records.GzipFile(super().open(temp_path))
+    def open(self, temp_path: str) -> _RecordsFile:
+        from trainer.handover import ColumnsWriter
 
-    def write_encoded_record(self, file_handle, value: bytes) -> None:
-        file_handle.write(value)
+        return _RecordsFile(csv_records.GzipFile(super().open(temp_path)),
+                            ColumnsWriter(self._columns_dir) if self._columns_dir else None)
+
+    def write_record(self, file_handle: _RecordsFile, value) -> None:
+        framed, columns = value if isinstance(value, tuple) else (value, None)
+        file_handle.records.write(framed)
+        if columns is not None and file_handle.columns is not None:
+            file_handle.columns.write(columns)
+
+
+class _RecordsFile:
+    """A GZIP records file and the writer of its columns (None: not handed over)."""
+
+    def __init__(self, records: csv_records.GzipFile, columns):
+        self.records = records
+        self.columns = columns
+
+    def close(self) -> None:
+        self.records.close()
+        if self.columns is not None:
+            self.columns.close(self.records.crc32c, self.records.size)
 
 
 def _split_files(pattern: str, options: CsvOptions) -> tuple[list[str], list[str], CsvOptions]:
@@ -187,7 +226,8 @@ class Executor(BaseExampleGenExecutor):
         with self._make_beam_pipeline() as pipeline:
             for name, tagged in self._tagged(pipeline, exec_properties).items():
                 prefix = os.path.join(artifact_utils.get_split_uri([examples], name), DEFAULT_TF_RECORD_FILE_NAME)
-                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix))
+                columns_dir = splits.columns_dir(examples.uri, name) if name == TRAIN_SPLIT else None
+                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix, columns_dir))
                 if self.SUMMARIZES:
                     (tagged[summary_tag(name)]
                      | f"Statistics[{name}]" >> beam.CombineGlobally(SummaryCombineFn(name))

@@ -398,20 +398,20 @@ def _rows(records: pa.Array) -> list[bytes]:
     return [data[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
-def split_records(records: pa.Array, buckets: list[int] | None) -> tuple[list[bytes], np.ndarray]:
+def split_records(records: pa.Array, buckets: list[int] | None) -> tuple[list[bytes], np.ndarray, list[bytes]]:
     """TFRecord-framed records per output split, by the stock ExampleGen's rule: sha256 of the
     serialized example modulo the total hash buckets, each split owning a cumulative range of
-    buckets (cumulative ends in `buckets`; None: one split, all records); and each record's split
-    (its index in `buckets`)."""
+    buckets (cumulative ends in `buckets`; None: one split, all records); each record's split
+    (its index in `buckets`); and each record's bytes."""
     import google_crc32c
 
     rows = _rows(records)
     crcs = np.fromiter((google_crc32c.value(r) for r in rows), np.uint32, len(rows))
     if not buckets:
-        return [_frames(records, crcs)], np.zeros(len(rows), np.int64)
+        return [_frames(records, crcs)], np.zeros(len(rows), np.int64), rows
     digests = b"".join([hashlib.sha256(r).digest() for r in rows])
     split = np.searchsorted(np.asarray(buckets), _buckets(digests, buckets[-1]), side="right")
-    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))], split
+    return [_frames(records.filter(pa.array(split == i)), crcs[split == i]) for i in range(len(buckets))], split, rows
 
 
 # ISA-L's deflate (isal): the same GZIP stream any reader takes; its level 1 compressed the
@@ -421,15 +421,25 @@ GZIP_LEVEL = 1
 
 
 class GzipFile:
-    """One GZIP stream at GZIP_LEVEL over an open binary file (framed records in, a .gz TFRecord file out)."""
+    """One GZIP stream at GZIP_LEVEL over an open binary file (framed records in, a .gz TFRecord
+    file out); `crc32c` and `size`: of the bytes written to the file so far."""
 
     def __init__(self, raw):
         self._raw = raw
         self._gzip = isal_zlib.compressobj(GZIP_LEVEL, isal_zlib.DEFLATED, 16 + isal_zlib.MAX_WBITS)
+        self.crc32c = 0
+        self.size = 0
 
     def write(self, data: bytes) -> None:
-        self._raw.write(self._gzip.compress(data))
+        self._out(self._gzip.compress(data))
 
     def close(self) -> None:
-        self._raw.write(self._gzip.flush())
+        self._out(self._gzip.flush())
         self._raw.close()
+
+    def _out(self, data: bytes) -> None:
+        import google_crc32c
+
+        self._raw.write(data)
+        self.crc32c = google_crc32c.extend(self.crc32c, data)
+        self.size += len(data)

@@ -22,6 +22,7 @@ from trainer.config import TrainerConfig
 from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
                               resolve_image_shapes)
 from trainer.flops import count_flops
+from trainer.handover import HandedOver
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
                             split_marked, training_stream)
@@ -123,10 +124,10 @@ def export_name(module, models: dict) -> str:
 
 def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, label: str,
               metric_sinks: Sequence[MetricSink], work_dir: str | None, kinds: FeatureKinds | None,
-              label_kind: str, max_classes: int | None) -> Run:
+              label_kind: str, max_classes: int | None, columns_dir: str | None = None) -> Run:
     strategy = make_strategy(config.strategy)
     chief = is_chief(strategy)
-    data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes)
+    data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dir)
     steps_per_epoch, total_steps = _run_length(config, data["stats"])
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
@@ -176,8 +177,9 @@ def _cpu_dense_flops(config: TrainerConfig, strategy: tf.distribute.Strategy, mo
     return count_flops(model).training * examples
 
 
-def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> dict:
-    """What the data holds: feature kinds (from the schema when given), statistics, one head per label."""
+def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dir) -> dict:
+    """What the data holds: feature kinds (from the schema when given), statistics, one head per
+    label. `columns_dir`: where the train split's columns may have been handed over (trainer.handover)."""
     all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
     signature_names_of(all_kinds)  # two columns with one name in the model: an error naming both
     module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
@@ -189,9 +191,9 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes) -> 
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
     metric, patience = _selection_settings(config, module, labels, label)
     fraction = config.validation_fraction if metric is not None else 0.0
-    # A split that fits in memory is parsed once: the hold-out's count, the statistics, the
-    # training stream and the validation rows share it.
-    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction)
+    # A split that fits in memory is parsed once (or taken from the columns handed over with its
+    # records): the hold-out's count, the statistics, the training stream and the validation rows share it.
+    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction, columns_dir)
     if held_out is None:  # not decided there (streamed: the held-out rows are counted in a pass of their own)
         held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
     rows = partial(holdout.training_rows, fraction=held_out) if held_out else None
@@ -213,12 +215,16 @@ def _selection_settings(config: TrainerConfig, module, labels: list[str], label:
     return (metric if config.restore_best or patience is not None else None), patience
 
 
-def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKinds, fraction: float):
+def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKinds, fraction: float,
+               columns_dir: str | None):
     """(training columns, validation columns, fraction held out) when the train split is held in
     memory, its held-out rows sorted out in the same read; the columns None when it is streamed,
     the fraction None when nothing was to be held out or the split is streamed."""
     mark = partial(holdout.held_out, fraction=fraction) if fraction else None
-    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, mark=mark)
+    handed_over = HandedOver(columns_dir, partial(holdout.held_out_buckets, fraction=fraction) if fraction else None) \
+        if columns_dir else None
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, mark=mark,
+                             handed_over=handed_over)
     if columns is None or mark is None:
         return columns, None, None
     training, validation = split_marked(columns)

@@ -216,12 +216,20 @@ def _decode_images(name: str, values: tf.RaggedTensor, shape: tuple[int, ...]) -
 def parse_examples(serialized: tf.Tensor, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
     """Parses a batch of serialized tf.Examples into dense tensors, `[batch] + feature_shape(kind)`,
     keyed by each column's `signature_name` (the name the model and its signatures use)."""
+    spec = {name: tf.io.RaggedFeature(value_dtype(kind)) for name, kind in kinds.items()}
+    return checked_columns(tf.io.parse_example(serialized, spec), kinds)
+
+
+def value_dtype(kind: str) -> tf.DType:
+    """The dtype of a column's values in a tf.Example (what parse_examples reads them as)."""
+    s = kind_spec(kind)
+    return tf.string if s.dtype in ("string", IMAGE) else tf.as_dtype(s.dtype)
+
+
+def checked_columns(parsed: dict[str, tf.RaggedTensor], kinds: FeatureKinds) -> dict[str, tf.Tensor]:
+    """Each column's values per example (`[batch, (values)]`, `value_dtype`) as parse_examples'
+    dense tensors, after checking that every example holds the values its kind allows."""
     specs = {name: kind_spec(kind) for name, kind in kinds.items()}
-    spec = {
-        name: tf.io.RaggedFeature(tf.string if s.dtype in ("string", IMAGE) else tf.as_dtype(s.dtype))
-        for name, s in specs.items()
-    }
-    parsed = tf.io.parse_example(serialized, spec)
     limits = {}  # (values allowed, at most) -> the columns held to it, each with its problem
     for name, s in specs.items():
         if s.is_image:

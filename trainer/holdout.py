@@ -22,7 +22,17 @@ def held_out(serialized: tf.Tensor, fraction: float) -> tf.Tensor:
     """For a `[n]` batch of serialized records, whether each one is a validation row."""
     if fraction <= 0:
         return tf.zeros_like(serialized, dtype=tf.bool)
-    buckets = tf.strings.to_hash_bucket_fast(tf.strings.join([SALT, serialized]), BUCKETS)
+    return held_out_buckets(bucket(serialized), fraction)
+
+
+@tf.autograph.experimental.do_not_convert
+def bucket(serialized: tf.Tensor) -> tf.Tensor:
+    """Each serialized record's bucket (int64, 0 to BUCKETS - 1): held out below the fraction's share."""
+    return tf.strings.to_hash_bucket_fast(tf.strings.join([SALT, serialized]), BUCKETS)
+
+
+def held_out_buckets(buckets: tf.Tensor, fraction: float) -> tf.Tensor:
+    """`held_out` from the records' buckets (`bucket`), for records whose buckets were kept."""
     return buckets < int(round(fraction * BUCKETS))
 
 

@@ -12,7 +12,9 @@ import tensorflow as tf
 from tensorflow.python.util import deprecation
 
 from trainer.config import InputConfig
+from trainer import handover
 from trainer.features import FeatureKinds, parse_examples
+from trainer.handover import HandedOver
 from trainer.heads import Head
 
 log = logging.getLogger("loopline.trainer")
@@ -164,9 +166,7 @@ def parsed_columns(file_pattern: str, kinds: FeatureKinds, max_bytes: int, rows:
         if size > max_bytes:
             return None
         chunks.append(parsed)
-    if not chunks:
-        return None
-    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
+    return _concat(chunks)
 
 
 def split_marked(columns: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
@@ -183,20 +183,49 @@ def _rows(columns) -> int:
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
-                   rows: Rows = None, mark: Rows = None) -> dict[str, tf.Tensor] | None:
+                   rows: Rows = None, mark: Rows = None, handed_over: HandedOver | None = None
+                   ) -> dict[str, tf.Tensor] | None:
     """The training split (its `rows`) parsed once (`parsed_columns`, with `mark`) when it fits
-    `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why."""
+    `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why.
+    Columns `handed_over` with the split's records (trainer.handover) are taken instead of a parse
+    where they are there: the same tensors, the same marks (`handed_over.mark` of their buckets)."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
-    columns = parsed_columns(file_pattern, kinds, config.in_memory_mb * 2**20, rows, mark)
+    max_bytes = config.in_memory_mb * 2**20
+    batches = handover.column_batches(handed_over.folder, file_pattern, kinds) if handed_over and rows is None else None
+    if batches is not None:
+        columns = _handed_over_columns(batches, kinds, max_bytes, handed_over.mark if mark else None)
+    else:
+        columns = parsed_columns(file_pattern, kinds, max_bytes, rows, mark)
     count = _rows(columns) if columns is not None else 0
     if count >= batch_size:
-        log.info("training split parsed once and held in memory (%d rows)", count)
+        log.info("training split %s and held in memory (%d rows)",
+                 "handed over as columns" if batches is not None else "parsed once", count)
         return columns
     log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
              else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
     return None
+
+
+def _handed_over_columns(batches, kinds: FeatureKinds, max_bytes: int, mark: Rows) -> dict[str, tf.Tensor] | None:
+    """parsed_columns' answer from columns handed over (`mark` of their buckets), converted block
+    by block: None as soon as they would take more than `max_bytes`, or when there are none."""
+    chunks, size = [], 0
+    for batch in batches:
+        size += handover.in_memory_bytes(batch, kinds) + (batch.num_rows if mark else 0)
+        if size > max_bytes:
+            return None
+        columns = handover.to_columns(batch, kinds)
+        chunks.append(columns if mark is None else {**columns, MARKED: mark(handover.buckets(batch))})
+    return _concat(chunks)
+
+
+def _concat(chunks: list[dict[str, tf.Tensor]]) -> dict[str, tf.Tensor] | None:
+    """Chunks of columns as one set of columns (None: no chunk)."""
+    if not chunks:
+        return None
+    return {name: tf.concat([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
 
 
 def columns_dataset(columns: dict[str, tf.Tensor], heads: list[Head], batch_size: int, config: InputConfig) -> tf.data.Dataset:

@@ -1,0 +1,129 @@
+"""The columns the CSV ExampleGen hands over with the train split's records are what the Trainer would
+parse from those records, and are taken only for the very file they were written with."""
+from __future__ import annotations
+
+import logging
+import shutil
+from functools import partial
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tfx.types import artifact_utils
+
+from components.splits import TRAIN_SPLIT, columns_dir, split_pattern
+from tests.conftest import run_csv_example_gen
+from trainer import handover, holdout
+from trainer.config import InputConfig
+from trainer.features import infer_feature_kinds
+from trainer.inputs import MARKED, _handed_over_columns, load_in_memory, parsed_columns
+
+FRACTION = 0.3
+
+
+def _csv(rows: int) -> str:
+    rng = np.random.default_rng(7)
+    lines = ["id,count,ratio,city,flag,nothing"]
+    for i in range(rows):
+        count = "NA" if i % 9 == 0 else str(int(rng.integers(-5, 50)))
+        ratio = ["", "nan", "inf", f"{rng.normal(3, 2):.4f}", f"{rng.normal(3, 2):.4f}"][i % 5]
+        city = ["Zürich", "Kraków", "NA", "", "São Paulo"][int(rng.integers(0, 5))]
+        lines.append(f"{i},{count},{ratio},{city},{['yes', 'no'][i % 2]},")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """A CSV of 30k rows (several blocks) through the Arrow ExampleGen, cut 2:1."""
+    folder = tmp_path_factory.mktemp("handover")
+    (folder / "in").mkdir()
+    (folder / "in" / "rows.csv").write_text(_csv(30_000), encoding="utf-8")
+    examples = run_csv_example_gen(folder / "in", folder / "examples")
+    examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
+    return examples
+
+
+def _kinds(examples) -> dict[str, str]:
+    # "nothing" has no value in any row, so the records do not hold it: a schema could still name it
+    return {**infer_feature_kinds(split_pattern(examples, TRAIN_SPLIT)), "nothing": "string"}
+
+
+def _load(examples, handed_over: bool, caplog, in_memory_mb: int = 512):
+    """load_in_memory of the train split with the hold-out marks, given where the columns are
+    handed over or not; and whether it took them."""
+    over = handover.HandedOver(columns_dir(examples.uri, TRAIN_SPLIT), partial(holdout.held_out_buckets, fraction=FRACTION))
+    with caplog.at_level(logging.INFO, logger="loopline"):
+        caplog.clear()
+        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(in_memory_mb=in_memory_mb),
+                                 32, mark=partial(holdout.held_out, fraction=FRACTION), handed_over=over if handed_over else None)
+    return columns, "handed over as columns" in caplog.text
+
+
+def _assert_same(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        a, b = ours[name].numpy(), theirs[name].numpy()
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.dtype.kind == "f":
+            np.testing.assert_array_equal(a, b, err_msg=name)  # NaN where NaN, infinity where infinity
+        else:
+            assert (a == b).all(), name
+
+
+def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
+    assert tf.io.gfile.listdir(columns_dir(examples.uri, TRAIN_SPLIT))  # written beside the train split only
+    assert not tf.io.gfile.exists(columns_dir(examples.uri, "eval"))
+    (handed, taken), (parsed, parse_taken) = _load(examples, True, caplog), _load(examples, False, caplog)
+    assert taken and not parse_taken
+    _assert_same(handed, parsed)
+    rows = parsed[MARKED].shape[0]
+    assert rows > 15_000 and 0.2 < parsed[MARKED].numpy().mean() < 0.4  # the hold-out marks compared above
+    assert np.isnan(parsed["ratio"].numpy()).any() and np.isinf(parsed["ratio"].numpy()).any()
+    assert (parsed["city"].numpy() == b"").any() and (parsed["city"].numpy() == "Zürich".encode()).any()
+    assert (parsed["nothing"].numpy() == b"").all()
+
+
+def test_the_in_memory_size_is_counted_as_for_the_parsed_records(examples):
+    """Which way a split goes (held in memory or streamed) does not depend on the hand-over."""
+    kinds = _kinds(examples)
+    batches = handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
+    counted = sum(handover.in_memory_bytes(batch, kinds) for batch in batches)
+    parsed = parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
+    assert counted == sum(int(tf.reduce_sum(tf.strings.length(c))) + 16 * int(tf.size(c)) if c.dtype == tf.string
+                          else c.dtype.size * int(tf.size(c)) for c in parsed.values())
+    assert parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, counted - 1) is None
+    for limit, fits in ((counted - 1, False), (counted, True)):
+        batches = handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
+        assert (_handed_over_columns(batches, kinds, limit, None) is not None) == fits
+
+
+def test_columns_are_not_taken_for_another_file(examples, tmp_path, caplog):
+    """A split file rewritten since (the same records in another GZIP stream) is parsed."""
+    copy = type(examples)()
+    copy.uri = str(tmp_path / "copy")
+    copy.split_names = examples.split_names
+    shutil.copytree(examples.uri, copy.uri)
+    [path] = tf.io.gfile.glob(split_pattern(copy, TRAIN_SPLIT))
+    records = list(tf.data.TFRecordDataset(path, "GZIP").as_numpy_iterator())
+    with tf.io.TFRecordWriter(path, "GZIP") as writer:
+        for record in records[:-1]:
+            writer.write(record)
+    columns, taken = _load(copy, True, caplog)
+    assert not taken and columns[MARKED].shape[0] == len(records) - 1
+    assert "no columns handed over" in caplog.text
+
+
+def test_columns_of_other_types_than_the_kinds_are_left_to_the_parse(examples):
+    kinds = {**_kinds(examples), "city": "float32"}
+    assert handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds) is None
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
+
+
+def test_a_split_of_several_files_is_parsed(examples, tmp_path):
+    folder = tmp_path / "Split-train"
+    folder.mkdir()
+    [path] = tf.io.gfile.glob(split_pattern(examples, TRAIN_SPLIT))
+    shutil.copy(path, folder / "a.gz")
+    shutil.copy(path, folder / "b.gz")
+    assert handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), str(folder / "*"), _kinds(examples)) is None
