@@ -86,15 +86,14 @@ def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
 def test_the_in_memory_size_is_counted_as_for_the_parsed_records(examples):
     """Which way a split goes (held in memory or streamed) does not depend on the hand-over."""
     kinds = _kinds(examples)
-    batches = handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
-    counted = sum(handover.in_memory_bytes(batch, kinds) for batch in batches)
+    path = handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
+    counted = sum(handover.in_memory_bytes(batch, kinds) for batch in handover.read_blocks(path))
     parsed = parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
     assert counted == sum(int(tf.reduce_sum(tf.strings.length(c))) + 16 * int(tf.size(c)) if c.dtype == tf.string
                           else c.dtype.size * int(tf.size(c)) for c in parsed.values())
     assert parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, counted - 1) is None
     for limit, fits in ((counted - 1, False), (counted, True)):
-        batches = handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
-        assert (_handed_over_columns(batches, kinds, limit, None) is not None) == fits
+        assert (_handed_over_columns(path, kinds, limit, None) is not None) == fits
 
 
 def test_columns_are_not_taken_for_another_file(examples, tmp_path, caplog):
@@ -115,7 +114,7 @@ def test_columns_are_not_taken_for_another_file(examples, tmp_path, caplog):
 
 def test_columns_of_other_types_than_the_kinds_are_left_to_the_parse(examples):
     kinds = {**_kinds(examples), "city": "float32"}
-    assert handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds) is None
+    assert handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds) is None
     with pytest.raises(tf.errors.InvalidArgumentError):
         parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
 
@@ -126,4 +125,4 @@ def test_a_split_of_several_files_is_parsed(examples, tmp_path):
     [path] = tf.io.gfile.glob(split_pattern(examples, TRAIN_SPLIT))
     shutil.copy(path, folder / "a.gz")
     shutil.copy(path, folder / "b.gz")
-    assert handover.column_batches(columns_dir(examples.uri, TRAIN_SPLIT), str(folder / "*"), _kinds(examples)) is None
+    assert handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), str(folder / "*"), _kinds(examples)) is None

@@ -6,7 +6,7 @@ ingestion/csv_records.encode_with_columns). Beside each GZIP file of the train s
 those columns (`ColumnsWriter`), in the records' order and with each record's hold-out bucket
 (trainer.holdout.bucket of its serialized bytes), as an Arrow IPC stream named after the finished
 GZIP file's CRC32C and size. The Trainer, holding a split of one file in memory, reads that file's
-CRC32C and size and takes the columns of that name (`column_batches`); it parses the records
+CRC32C and size and takes the columns of that name (`columns_file`); it parses the records
 otherwise (another ExampleGen, images, a file changed or replaced since, several files). Both ways
 give the same tensors: the columns go through parse_examples' own checks and conversion
 (features.checked_columns), and their hold-out marks come from the same buckets.
@@ -106,10 +106,16 @@ class _File:
         self._file.close()
         self.closed = True
 
+    def __enter__(self) -> _File:
+        return self
 
-def column_batches(folder: str | None, file_pattern: str, kinds: FeatureKinds) -> Iterator[pa.RecordBatch] | None:
-    """The columns handed over with the split's one file, block by block, when they are there for
-    its very bytes and hold the value types the parse reads; else None (the records are to be parsed)."""
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def columns_file(folder: str | None, file_pattern: str, kinds: FeatureKinds) -> str | None:
+    """The columns handed over with the split's one file, when they are there for its very bytes
+    and hold the value types the parse reads; else None (the records are to be parsed)."""
     if folder is None or not tf.io.gfile.isdir(folder) or any(kind_spec(kind).is_image for kind in kinds.values()):
         return None
     files = tf.io.gfile.glob(file_pattern)
@@ -119,13 +125,18 @@ def column_batches(folder: str | None, file_pattern: str, kinds: FeatureKinds) -
     if not tf.io.gfile.exists(path):
         log.info("no columns handed over for %s; parsing its records", files[0])
         return None
-    file = _File(tf.io.gfile.GFile(path, "rb"))
-    reader = pa.ipc.open_stream(pa.PythonFile(file, mode="r"))
-    if any(_values_type(reader.schema, name) not in (*_ARROW_TYPES.get(value_dtype(kind), ()), pa.null())
+    with _File(tf.io.gfile.GFile(path, "rb")) as file:
+        schema = pa.ipc.open_stream(pa.PythonFile(file, mode="r")).schema
+    if any(_values_type(schema, name) not in (*_ARROW_TYPES.get(value_dtype(kind), ()), pa.null())
            for name, kind in kinds.items()):
-        file.close()
         return None  # not the types the parse reads: it raises its own error
-    return _batches(reader, file)
+    return path
+
+
+def read_blocks(path: str) -> Iterator[pa.RecordBatch]:
+    """The handed-over columns (`columns_file`), block by block."""
+    with _File(tf.io.gfile.GFile(path, "rb")) as file:
+        yield from pa.ipc.open_stream(pa.PythonFile(file, mode="r"))
 
 
 def _crc32c_and_size(path: str, piece: int = 8 << 20) -> tuple[int, int]:
@@ -134,13 +145,6 @@ def _crc32c_and_size(path: str, piece: int = 8 << 20) -> tuple[int, int]:
         while data := f.read(piece):
             crc32c, size = google_crc32c.extend(crc32c, data), size + len(data)
     return crc32c, size
-
-
-def _batches(reader: pa.ipc.RecordBatchStreamReader, file: _File) -> Iterator[pa.RecordBatch]:
-    try:
-        yield from reader
-    finally:
-        file.close()
 
 
 def in_memory_bytes(columns: pa.RecordBatch, kinds: FeatureKinds) -> int:

@@ -193,31 +193,35 @@ def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, 
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     max_bytes = config.in_memory_mb * 2**20
-    batches = handover.column_batches(handed_over.folder, file_pattern, kinds) if handed_over and rows is None else None
-    if batches is not None:
-        columns = _handed_over_columns(batches, kinds, max_bytes, handed_over.mark if mark else None)
+    columns_file = handover.columns_file(handed_over.folder, file_pattern, kinds) if handed_over and rows is None else None
+    if columns_file is not None:
+        columns = _handed_over_columns(columns_file, kinds, max_bytes, handed_over.mark if mark else None)
     else:
         columns = parsed_columns(file_pattern, kinds, max_bytes, rows, mark)
     count = _rows(columns) if columns is not None else 0
     if count >= batch_size:
         log.info("training split %s and held in memory (%d rows)",
-                 "handed over as columns" if batches is not None else "parsed once", count)
+                 "handed over as columns" if columns_file is not None else "parsed once", count)
         return columns
     log.info("training split streamed from its records (%s)", "fewer rows than one batch" if columns is not None
              else f"empty, or over trainer.input.in_memory_mb={config.in_memory_mb} once parsed")
     return None
 
 
-def _handed_over_columns(batches, kinds: FeatureKinds, max_bytes: int, mark: Rows) -> dict[str, tf.Tensor] | None:
-    """parsed_columns' answer from columns handed over (`mark` of their buckets), converted block
-    by block: None as soon as they would take more than `max_bytes`, or when there are none."""
-    chunks, size = [], 0
-    for batch in batches:
-        size += handover.in_memory_bytes(batch, kinds) + (batch.num_rows if mark else 0)
-        if size > max_bytes:
-            return None
+def _handed_over_columns(path: str, kinds: FeatureKinds, max_bytes: int, mark: Rows) -> dict[str, tf.Tensor] | None:
+    """parsed_columns' answer from the columns handed over in `path` (`mark` of their buckets):
+    None when they would take more than `max_bytes`, known from a first read that converts
+    nothing (a split too big is decided without holding any of it), or when there are none."""
+    size = sum(handover.in_memory_bytes(batch, kinds) + (batch.num_rows if mark else 0)
+               for batch in handover.read_blocks(path))
+    if size > max_bytes:
+        return None
+    chunks = []
+    for batch in handover.read_blocks(path):
         columns = handover.to_columns(batch, kinds)
-        chunks.append(columns if mark is None else {**columns, MARKED: mark(handover.buckets(batch))})
+        if mark is not None:
+            columns[MARKED] = mark(handover.buckets(batch))
+        chunks.append(columns)
     return _concat(chunks)
 
 
