@@ -48,6 +48,21 @@ def penguins_csv(tmp_path) -> Path:
     return target
 
 
+def mixed_csv(rows: int, seed: int) -> str:
+    """A CSV of numbers with NA, empty, nan and infinite values, UTF-8 text with NA, and a column
+    no row has a value in ("nothing")."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lines = ["id,count,ratio,city,code,nothing"]
+    for i in range(rows):
+        count = "NA" if i % 9 == 0 else str(int(rng.integers(-5, 50)))
+        ratio = ["", "nan", "inf", f"{rng.normal(3, 2):.4f}", f"{rng.normal(3, 2):.4f}"][i % 5]
+        city = ["Zürich", "Kraków", "NA", "Oslo", "São Paulo"][int(rng.integers(0, 5))]
+        lines.append(f"{seed * rows + i},{count},{ratio},{city},c{int(rng.integers(0, 1500))},")
+    return "\n".join(lines) + "\n"
+
+
 def run_csv_example_gen(input_base: Path, out: Path, options=None, splits: dict[str, str] | None = None):
     """The Arrow CSV ExampleGen's executor writing into `out`: one input cut 2:1, or the given
     input splits; its Examples artifact."""

@@ -12,7 +12,8 @@ import tensorflow as tf
 from tfx.types import artifact_utils
 
 from components.splits import TRAIN_SPLIT, columns_dir, split_pattern
-from tests.conftest import run_csv_example_gen
+from ingestion import csv_records
+from tests.conftest import mixed_csv, run_csv_example_gen
 from trainer import handover, holdout
 from trainer.config import InputConfig
 from trainer.features import infer_feature_kinds
@@ -21,24 +22,15 @@ from trainer.inputs import MARKED, _handed_over_columns, load_in_memory, parsed_
 FRACTION = 0.3
 
 
-def _csv(rows: int) -> str:
-    rng = np.random.default_rng(7)
-    lines = ["id,count,ratio,city,flag,nothing"]
-    for i in range(rows):
-        count = "NA" if i % 9 == 0 else str(int(rng.integers(-5, 50)))
-        ratio = ["", "nan", "inf", f"{rng.normal(3, 2):.4f}", f"{rng.normal(3, 2):.4f}"][i % 5]
-        city = ["Zürich", "Kraków", "NA", "", "São Paulo"][int(rng.integers(0, 5))]
-        lines.append(f"{i},{count},{ratio},{city},{['yes', 'no'][i % 2]},")
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    """A CSV of 30k rows (several blocks) through the Arrow ExampleGen, cut 2:1."""
+    """A CSV of 30k rows through the Arrow ExampleGen in blocks of 64 KiB (about 20), cut 2:1."""
     folder = tmp_path_factory.mktemp("handover")
     (folder / "in").mkdir()
-    (folder / "in" / "rows.csv").write_text(_csv(30_000), encoding="utf-8")
-    examples = run_csv_example_gen(folder / "in", folder / "examples")
+    (folder / "in" / "rows.csv").write_text(mixed_csv(30_000, 7), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(csv_records, "read_batches", partial(csv_records.read_batches, block_bytes=1 << 16))
+        examples = run_csv_example_gen(folder / "in", folder / "examples")
     examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
     return examples
 
@@ -71,8 +63,9 @@ def _assert_same(ours: dict, theirs: dict) -> None:
 
 
 def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
-    assert tf.io.gfile.listdir(columns_dir(examples.uri, TRAIN_SPLIT))  # written beside the train split only
-    assert not tf.io.gfile.exists(columns_dir(examples.uri, "eval"))
+    path = handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), _kinds(examples))
+    assert len(list(handover.read_blocks(path))) > 10  # the blocks' order is kept across blocks
+    assert not tf.io.gfile.exists(columns_dir(examples.uri, "eval"))  # written beside the train split only
     (handed, taken), (parsed, parse_taken) = _load(examples, True, caplog), _load(examples, False, caplog)
     assert taken and not parse_taken
     _assert_same(handed, parsed)
@@ -80,6 +73,7 @@ def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
     assert rows > 15_000 and 0.2 < parsed[MARKED].numpy().mean() < 0.4  # the hold-out marks compared above
     assert np.isnan(parsed["ratio"].numpy()).any() and np.isinf(parsed["ratio"].numpy()).any()
     assert (parsed["city"].numpy() == b"").any() and (parsed["city"].numpy() == "Zürich".encode()).any()
+    assert len(np.unique(parsed["code"].numpy())) > 1000  # text of many values
     assert (parsed["nothing"].numpy() == b"").all()
 
 

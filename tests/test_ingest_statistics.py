@@ -13,19 +13,8 @@ from tfx.types import artifact_utils, standard_artifacts
 
 from components.ingest_statistics import recorded_statistics
 from components.splits import split_pattern
-from tests.conftest import run_csv_example_gen
+from tests.conftest import mixed_csv, run_csv_example_gen
 from validation.statistics import QUANTILES_EPS, RANK_BUCKETS, compute_statistics, read_statistics
-
-
-def _csv(rows: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    lines = ["id,count,ratio,city,code,nothing"]
-    for i in range(rows):
-        count = "NA" if i % 9 == 0 else str(int(rng.integers(-5, 50)))
-        ratio = ["", "nan", "inf", f"{rng.normal(3, 2):.4f}", f"{rng.normal(3, 2):.4f}"][i % 5]
-        city = ["Zürich", "Kraków", "NA", "Oslo", "São Paulo"][int(rng.integers(0, 5))]
-        lines.append(f"{seed * rows + i},{count},{ratio},{city},c{int(rng.integers(0, 1500))},")
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +23,7 @@ def generated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ingest")
     (folder / "in").mkdir()
     for seed in (1, 2):
-        (folder / "in" / f"part{seed}.csv").write_text(_csv(2500, seed), encoding="utf-8")
+        (folder / "in" / f"part{seed}.csv").write_text(mixed_csv(2500, seed), encoding="utf-8")
     examples = run_csv_example_gen(folder / "in", folder / "examples")
     examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
     return examples
