@@ -8,7 +8,9 @@ cached artifact. It is still a Beam pipeline (files -> framed tf.Examples per sp
 `pipeline.beam_args` runs it on Dataflow, Flink or Spark. An element is a file or a block's framed
 records, never a row: one step reads, encodes and splits a file block by block, so a runner never
 holds record batches between stages and the memory stays that of a block (csv_records.BLOCK_BYTES).
-The same step summarizes each block's rows for StatisticsGen (components/ingest_statistics.py).
+The same step summarizes each block's rows for StatisticsGen (components/ingest_statistics.py), and
+the train split's writer writes each block's typed columns beside its records for the Trainer
+(trainer/handover.py).
 """
 from __future__ import annotations
 
@@ -82,7 +84,8 @@ class _EncodeAndSplit(beam.DoFn):
                 if framed:
                     picked = columns.filter(split == index)
                     if name == TRAIN_SPLIT:  # the records with their columns, for the Trainer (trainer.handover)
-                        yield beam.pvalue.TaggedOutput(name, (framed, _with_buckets(picked, [rows[i] for i in np.flatnonzero(split == index)])))
+                        records_of_split = [rows[i] for i in np.flatnonzero(split == index)]
+                        yield beam.pvalue.TaggedOutput(name, (framed, _with_buckets(picked, records_of_split)))
                     else:
                         yield beam.pvalue.TaggedOutput(name, framed)
                     yield beam.pvalue.TaggedOutput(summary_tag(name), summarize_batch(picked))

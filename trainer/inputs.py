@@ -11,8 +11,8 @@ from typing import Callable, Iterator
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from trainer.config import InputConfig
 from trainer import handover
+from trainer.config import InputConfig
 from trainer.features import FeatureKinds, parse_examples
 from trainer.handover import HandedOver
 from trainer.heads import Head
@@ -188,7 +188,8 @@ def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, 
     """The training split (its `rows`) parsed once (`parsed_columns`, with `mark`) when it fits
     `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why.
     Columns `handed_over` with the split's records (trainer.handover) are taken instead of a parse
-    where they are there: the same tensors, the same marks (`handed_over.mark` of their buckets)."""
+    of all its rows where they are there: the same tensors, the same marks (`handed_over.mark`
+    answers for their buckets as `mark` does for the records)."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
