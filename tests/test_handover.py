@@ -40,13 +40,13 @@ def _kinds(examples) -> dict[str, str]:
     return {**infer_feature_kinds(split_pattern(examples, TRAIN_SPLIT)), "nothing": "string"}
 
 
-def _load(examples, handed_over: bool, caplog, in_memory_mb: int = 512):
+def _load(examples, handed_over: bool, caplog):
     """load_in_memory of the train split with the hold-out marks, given where the columns are
     handed over or not; and whether it took them."""
     over = handover.HandedOver(columns_dir(examples.uri, TRAIN_SPLIT), partial(holdout.held_out_buckets, fraction=FRACTION))
     with caplog.at_level(logging.INFO, logger="loopline"):
         caplog.clear()
-        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(in_memory_mb=in_memory_mb),
+        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(),
                                  32, mark=partial(holdout.held_out, fraction=FRACTION), handed_over=over if handed_over else None)
     return columns, "handed over as columns" in caplog.text
 
@@ -91,7 +91,7 @@ def test_the_in_memory_size_is_counted_as_for_the_parsed_records(examples):
 
 
 def test_columns_are_not_taken_for_another_file(examples, tmp_path, caplog):
-    """A split file rewritten since (the same records in another GZIP stream) is parsed."""
+    """A split file written again since (here without its last record) is parsed."""
     copy = type(examples)()
     copy.uri = str(tmp_path / "copy")
     copy.split_names = examples.split_names
