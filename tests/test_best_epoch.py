@@ -159,7 +159,7 @@ def test_one_read_in_memory_sorts_the_rows_as_the_streamed_reads_do(tmp_path):
     kinds = infer_feature_kinds(path)
     heads = [make_head("target", kinds["target"], compute_stats(parsed_batches(path, kinds), kinds))]
     config = TrainerConfig().input
-    marked = load_in_memory(path, kinds, config, 8, mark=lambda s: holdout.held_out(s, 0.2))
+    marked = load_in_memory(path, kinds, config, 8, held_out=0.2)
     training, validation = split_marked(marked)
     alone = load_in_memory(path, kinds, config, 8, rows=lambda s: holdout.training_rows(s, 0.2))
     assert training["target"].numpy().tolist() == alone["target"].numpy().tolist()

@@ -14,7 +14,7 @@ from tfx.types import artifact_utils
 from components.splits import TRAIN_SPLIT, columns_dir, split_pattern
 from ingestion import csv_records
 from tests.conftest import mixed_csv, run_csv_example_gen
-from trainer import handover, holdout
+from trainer import handover
 from trainer.config import InputConfig
 from trainer.features import infer_feature_kinds
 from trainer.inputs import MARKED, _handed_over_columns, load_in_memory, parsed_columns
@@ -43,11 +43,10 @@ def _kinds(examples) -> dict[str, str]:
 def _load(examples, handed_over: bool, caplog):
     """load_in_memory of the train split with the hold-out marks, given where the columns are
     handed over or not; and whether it took them."""
-    over = handover.HandedOver(columns_dir(examples.uri, TRAIN_SPLIT), partial(holdout.held_out_buckets, fraction=FRACTION))
     with caplog.at_level(logging.INFO, logger="loopline"):
         caplog.clear()
-        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(),
-                                 32, mark=partial(holdout.held_out, fraction=FRACTION), handed_over=over if handed_over else None)
+        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(), 32,
+                                 held_out=FRACTION, columns_dir=columns_dir(examples.uri, TRAIN_SPLIT) if handed_over else None)
     return columns, "handed over as columns" in caplog.text
 
 

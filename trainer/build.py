@@ -22,7 +22,6 @@ from trainer.config import TrainerConfig
 from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
                               resolve_image_shapes)
 from trainer.flops import count_flops
-from trainer.handover import HandedOver
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
                             split_marked, training_stream)
@@ -220,12 +219,9 @@ def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKind
     """(training columns, validation columns, fraction held out) when the train split is held in
     memory, its held-out rows sorted out in the same read; the columns None when it is streamed,
     the fraction None when nothing was to be held out or the split is streamed."""
-    mark = partial(holdout.held_out, fraction=fraction) if fraction else None
-    handed_over = HandedOver(columns_dir, partial(holdout.held_out_buckets, fraction=fraction) if fraction else None) \
-        if columns_dir else None
-    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, mark=mark,
-                             handed_over=handed_over)
-    if columns is None or mark is None:
+    columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, held_out=fraction,
+                             columns_dir=columns_dir)
+    if columns is None or not fraction:
         return columns, None, None
     training, validation = split_marked(columns)
     held_out = _held_out(config, int(tf.shape(next(iter(validation.values())))[0]))

@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import google_crc32c
 import numpy as np
@@ -32,14 +31,6 @@ BUCKET = "__holdout_bucket__"  # the records' trainer.holdout.bucket, beside the
 _ARROW_TYPES = {tf.float32: (pa.float32(),), tf.int64: (pa.int64(),), tf.string: (pa.binary(), pa.large_binary())}
 
 log = logging.getLogger("loopline")
-
-
-@dataclass(frozen=True)
-class HandedOver:
-    """Where a split's columns may have been handed over (`ColumnsWriter`'s folder), and the
-    hold-out mark from their buckets (trainer.holdout.held_out_buckets at the run's fraction)."""
-    folder: str
-    mark: Callable[[tf.Tensor], tf.Tensor] | None = None
 
 
 def columns_name(crc32c: int, size: int) -> str:
@@ -113,10 +104,10 @@ class _File:
         self.close()
 
 
-def columns_file(folder: str | None, file_pattern: str, kinds: FeatureKinds) -> str | None:
+def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | None:
     """The columns handed over with the split's one file, when they are there for its very bytes
     and hold the value types the parse reads; else None (the records are to be parsed)."""
-    if folder is None or not tf.io.gfile.isdir(folder) or any(kind_spec(kind).is_image for kind in kinds.values()):
+    if not tf.io.gfile.isdir(folder) or any(kind_spec(kind).is_image for kind in kinds.values()):
         return None
     files = tf.io.gfile.glob(file_pattern)
     if len(files) != 1:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Callable, Iterator
 
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from trainer import handover
+from trainer import handover, holdout
 from trainer.config import InputConfig
 from trainer.features import FeatureKinds, parse_examples
-from trainer.handover import HandedOver
 from trainer.heads import Head
 
 log = logging.getLogger("loopline.trainer")
@@ -183,22 +183,24 @@ def _rows(columns) -> int:
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
-                   rows: Rows = None, mark: Rows = None, handed_over: HandedOver | None = None
+                   rows: Rows = None, held_out: float = 0.0, columns_dir: str | None = None
                    ) -> dict[str, tf.Tensor] | None:
-    """The training split (its `rows`) parsed once (`parsed_columns`, with `mark`) when it fits
+    """The training split (its `rows`) parsed once (`parsed_columns`) when it fits
     `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why.
-    Columns `handed_over` with the split's records (trainer.handover) are taken instead of a parse
-    of all its rows where they are there: the same tensors, the same marks (`handed_over.mark`
-    answers for their buckets as `mark` does for the records)."""
+    `held_out`: a fraction whose validation rows (trainer.holdout) are marked in the column MARKED.
+    The columns handed over with the split's records in `columns_dir` (trainer.handover) are taken
+    instead of a parse of all its rows where they are there: the same tensors, the same marks."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     max_bytes = config.in_memory_mb * 2**20
-    columns_file = handover.columns_file(handed_over.folder, file_pattern, kinds) if handed_over and rows is None else None
+    columns_file = handover.columns_file(columns_dir, file_pattern, kinds) if columns_dir and rows is None else None
     if columns_file is not None:
-        columns = _handed_over_columns(columns_file, kinds, max_bytes, handed_over.mark if mark else None)
+        columns = _handed_over_columns(columns_file, kinds, max_bytes,
+                                       partial(holdout.held_out_buckets, fraction=held_out) if held_out else None)
     else:
-        columns = parsed_columns(file_pattern, kinds, max_bytes, rows, mark)
+        columns = parsed_columns(file_pattern, kinds, max_bytes, rows,
+                                 partial(holdout.held_out, fraction=held_out) if held_out else None)
     count = _rows(columns) if columns is not None else 0
     if count >= batch_size:
         log.info("training split %s and held in memory (%d rows)",
