@@ -201,6 +201,11 @@ def _varint(value: int) -> bytes:
 def _varints(values: np.ndarray, lead: bytes = b"") -> tuple[np.ndarray, np.ndarray]:
     """`lead` then each value's protobuf varint (a negative int64: its 10-byte two's complement)."""
     v = np.asarray(values, np.int64).view(np.uint64)
+    if not (v >= np.uint64(0x80)).any():  # one byte each, the usual case for sizes: the value itself
+        groups = np.empty((len(v), len(lead) + 1), np.uint8)
+        groups[:, :len(lead)] = np.frombuffer(lead, np.uint8)
+        groups[:, len(lead)] = v
+        return groups.reshape(-1), np.full(len(v), len(lead) + 1, np.int64)
     sizes = np.ones(len(v), np.int64)
     for k in range(1, 10):
         longer = v >= np.uint64(1 << (7 * k))
@@ -236,22 +241,18 @@ def _sizes(pieces: list, rows: int) -> np.ndarray:
 
 
 def _layout(pieces: list, rows: int) -> pa.Array:
-    """Each row's pieces one after the other, as a large_binary array. Runs of pieces of the same
-    width on every row are stacked and written at once (a write per piece costs more than its bytes)."""
-    offsets = np.zeros(rows + 1, np.int64)
-    np.cumsum(_sizes(pieces, rows), out=offsets[1:])
-    out = np.empty(offsets[-1], np.uint8)
-    cursor = offsets[:-1].copy()
+    """Each row's pieces one after the other, as a large_binary array: one binary array per piece
+    joined row by row in Arrow's C++ (`binary_join_element_wise`). Runs of pieces of the same width
+    on every row are stacked into one array first (a piece costs more than its bytes)."""
+    if not rows:
+        return pa.array([], pa.large_binary())
+    arrays: list[pa.Array] = []
     run: list[np.ndarray] = []
-
-    def write(rows_at: np.ndarray, matrix: np.ndarray) -> None:
-        out[rows_at[:, None] + np.arange(matrix.shape[1])] = matrix
 
     def flush() -> None:
         if run:
-            matrix = np.hstack(run)
-            write(cursor, matrix)
-            cursor[:] += matrix.shape[1]
+            matrix = np.ascontiguousarray(np.hstack(run))
+            arrays.append(_arrow(matrix.reshape(-1), np.arange(rows + 1, dtype=np.int64) * matrix.shape[1]))
             run.clear()
 
     for piece in pieces:
@@ -259,21 +260,15 @@ def _layout(pieces: list, rows: int) -> pa.Array:
             run.append(np.broadcast_to(np.frombuffer(piece, np.uint8), (rows, len(piece))))
             continue
         data, counts = piece
-        if not rows:
-            break
         if counts.min() == counts.max():
             run.append(data.reshape(rows, counts[0]))
             continue
         flush()
-        present = counts > 0
-        if counts[present].min() == counts.max():  # a value of one width or nothing (an empty cell)
-            write(cursor[present], data.reshape(-1, counts.max()))
-        else:  # an index per byte: for short values only
-            starts = np.cumsum(counts) - counts
-            out[np.repeat(cursor - starts, counts) + np.arange(len(data))] = data
-        cursor += counts
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        arrays.append(_arrow(data, offsets))
     flush()
-    return _arrow(out, offsets)
+    return pc.binary_join_element_wise(*arrays, pa.scalar(b"", pa.large_binary()))
 
 
 def _arrow(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
