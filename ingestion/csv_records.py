@@ -251,7 +251,7 @@ def _layout(pieces: list, rows: int) -> pa.Array:
 
     def flush() -> None:
         if run:
-            matrix = np.ascontiguousarray(np.hstack(run))
+            matrix = np.hstack(run)  # a new C-ordered array: each row's bytes together
             arrays.append(_arrow(matrix.reshape(-1), np.arange(rows + 1, dtype=np.int64) * matrix.shape[1]))
             run.clear()
 
