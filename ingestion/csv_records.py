@@ -185,7 +185,7 @@ def _values(present: pa.Array, kind: ColumnType) -> pa.Array:
 #   Feature   = tag len List, tag 0x0A bytes_list, 0x12 float_list, 0x1A int64_list; none: empty
 #   List      = 0x0A len payload                    (value = 1: a bytes, packed fixed32 or varints)
 # A row's bytes are laid out from pieces: constant bytes, or (data, sizes): each row's next
-# `sizes[i]` bytes of `data`. Sizes are counted first, so every byte is written once.
+# `sizes[i]` bytes of `data`. Sizes are counted first: a message's length is written before it.
 _LIST_TAG = {ColumnType.STRING: b"\x0a", ColumnType.FLOAT: b"\x12", ColumnType.INT: b"\x1a"}
 
 
