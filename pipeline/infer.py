@@ -12,7 +12,6 @@ name and renamed when complete. The run is recorded in MLflow (`loopline.kind=in
 """
 from __future__ import annotations
 
-import io
 import os
 import sys
 import time
@@ -30,6 +29,7 @@ from pipeline.config import LooplineConfig
 from serving import signature_names as names
 from serving.model_config import labelled_or_latest_version
 from serving.signature_call import signature_caller
+from trainer.arrow_io import GFileStream
 from trainer.evaluation import evaluation_signature, read_description
 from trainer.heads import CLASSIFICATION, Head
 
@@ -183,29 +183,6 @@ def prediction_columns(outputs: dict[str, np.ndarray], keys: dict[str, str], hea
     return columns
 
 
-class _Sink(io.RawIOBase):
-    """A GFile as pyarrow's output stream; it counts its own position (ram:// files cannot tell())."""
-
-    def __init__(self, path: str):
-        self._file, self._written = tf.io.gfile.GFile(path, "wb"), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self._file.write(bytes(data))
-        self._written += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self._written
-
-    def close(self) -> None:
-        if not self.closed:
-            self._file.close()
-        super().close()
-
-
 class OutputWriter:
     """Parquet or CSV by the output's suffix, one schema for the whole file (the first batch's)."""
 
@@ -218,7 +195,7 @@ class OutputWriter:
         if folder:
             tf.io.gfile.makedirs(folder)
         self.staged = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}")
-        self._sink = _Sink(self.staged)
+        self._sink = GFileStream(self.staged, "wb")
         self._writer = None
 
     def write(self, table: pa.Table) -> None:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
+from trainer.arrow_io import GFileStream
 from trainer.features import FeatureKinds, checked_columns, kind_spec, value_dtype
 
 COMPRESSION = "zstd"  # Arrow IPC's per-buffer compression: the offsets and repeated values shrink about 4x
@@ -53,7 +54,7 @@ class ColumnsWriter:
         columns = columns.cast(_compact(columns.schema))
         if self._writer is None:
             tf.io.gfile.makedirs(self._folder)
-            self._file = pa.PythonFile(_File(tf.io.gfile.GFile(self._path, "wb")), mode="w")
+            self._file = pa.PythonFile(GFileStream(self._path, "wb"), mode="w")
             self._writer = pa.ipc.new_stream(self._file, columns.schema, options=pa.ipc.IpcWriteOptions(compression=COMPRESSION))
         self._writer.write_batch(columns)
 
@@ -76,34 +77,6 @@ def _compact(schema: pa.Schema) -> pa.Schema:
     return pa.schema([field.with_type(compact(field.type)) for field in schema])
 
 
-class _File:
-    """A GFile as pyarrow takes a Python file (it asks whether it is `closed`)."""
-
-    def __init__(self, file):
-        self._file = file
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        return self._file.read(size)
-
-    def write(self, data) -> int:
-        self._file.write(bytes(data))
-        return len(data)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-        self.closed = True
-
-    def __enter__(self) -> _File:
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.close()
-
-
 def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | None:
     """The columns handed over with the split's one file, when they are there for its very bytes
     and hold the value types the parse reads; else None (the records are to be parsed)."""
@@ -116,7 +89,7 @@ def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | N
     if not tf.io.gfile.exists(path):
         log.info("no columns handed over for %s; parsing its records", files[0])
         return None
-    with _File(tf.io.gfile.GFile(path, "rb")) as file:
+    with GFileStream(path, "rb") as file:
         schema = pa.ipc.open_stream(pa.PythonFile(file, mode="r")).schema
     if any(_values_type(schema, name) not in (*_ARROW_TYPES.get(value_dtype(kind), ()), pa.null())
            for name, kind in kinds.items()):
@@ -126,7 +99,7 @@ def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | N
 
 def read_blocks(path: str) -> Iterator[pa.RecordBatch]:
     """The handed-over columns (`columns_file`), block by block."""
-    with _File(tf.io.gfile.GFile(path, "rb")) as file:
+    with GFileStream(path, "rb") as file:
         yield from pa.ipc.open_stream(pa.PythonFile(file, mode="r"))
 
 
