@@ -10,7 +10,7 @@ from tfx.types import artifact_utils
 from tfx.types.standard_artifacts import Examples, ExampleStatistics, ModelBlessing, PushedModel, Schema
 
 from components.eval_predictions import recorded_from, recorded_predictions
-from components.splits import split_pattern
+from components.splits import EVAL_SPLIT, split_pattern
 
 
 @component
@@ -46,7 +46,7 @@ def BaselineRecorder(
         if recorded is not None:
             stats[EVAL_PREDICTIONS], source[EVAL_PREDICTIONS] = recorded, recorded_from(blessing)
         else:
-            stats[EVAL_PREDICTIONS] = _eval_predictions(pushed_to, split_pattern(examples, "eval"))
+            stats[EVAL_PREDICTIONS] = _eval_predictions(pushed_to, split_pattern(examples, EVAL_SPLIT))
             source[EVAL_PREDICTIONS] = pushed_to
     previous = read_baseline(baseline_dir)  # raises if present but unreadable
     # The acceptance behind the baseline this run passed carries on (validation.baseline.cache_key).

@@ -9,7 +9,7 @@ cached artifact. It is still a Beam pipeline (files -> framed tf.Examples per sp
 records, never a row: one step reads, encodes and splits a file block by block, so a runner never
 holds record batches between stages and the memory stays that of a block (csv_records.BLOCK_BYTES).
 The same step summarizes each block's rows for StatisticsGen (components/ingest_statistics.py), and
-the train split's writer writes each block's typed columns beside its records for the Trainer
+each split's writer writes each block's typed columns beside its records for the Trainer
 (trainer/handover.py).
 """
 from __future__ import annotations
@@ -83,11 +83,12 @@ class _EncodeAndSplit(beam.DoFn):
             for index, (name, framed) in enumerate(zip(self._split_names, frames)):
                 if framed:
                     picked = columns.filter(split == index)
-                    if name == TRAIN_SPLIT:  # the records with their columns, for the Trainer (trainer.handover)
-                        records_of_split = [rows[i] for i in np.flatnonzero(split == index)]
-                        yield beam.pvalue.TaggedOutput(name, (framed, _with_buckets(picked, records_of_split)))
-                    else:
-                        yield beam.pvalue.TaggedOutput(name, framed)
+                    # The records with their columns, for the Trainer (trainer.handover); the train
+                    # split's with each record's hold-out bucket.
+                    handed = picked
+                    if name == TRAIN_SPLIT:
+                        handed = _with_buckets(picked, [rows[i] for i in np.flatnonzero(split == index)])
+                    yield beam.pvalue.TaggedOutput(name, (framed, handed))
                     yield beam.pvalue.TaggedOutput(summary_tag(name), summarize_batch(picked))
 
 
@@ -229,8 +230,7 @@ class Executor(BaseExampleGenExecutor):
         with self._make_beam_pipeline() as pipeline:
             for name, tagged in self._tagged(pipeline, exec_properties).items():
                 prefix = os.path.join(artifact_utils.get_split_uri([examples], name), DEFAULT_TF_RECORD_FILE_NAME)
-                columns_dir = splits.columns_dir(examples.uri, name) if name == TRAIN_SPLIT else None
-                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix, columns_dir))
+                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix, splits.columns_dir(examples.uri, name)))
                 if self.SUMMARIZES:
                     (tagged[summary_tag(name)]
                      | f"Statistics[{name}]" >> beam.CombineGlobally(SummaryCombineFn(name))

@@ -21,7 +21,7 @@ from tfx.types.standard_artifacts import ExampleAnomalies, Examples, ExampleStat
 from tfx.utils import path_utils
 
 from components.eval_predictions import PredictionSummary
-from components.splits import split_pattern
+from components.splits import EVAL_SPLIT, split_pattern
 from serving.model_config import labelled_or_latest_version
 from serving.signature_call import signature_caller
 
@@ -50,7 +50,7 @@ def Evaluator(
 
     log = logging.getLogger("loopline.evaluator")
     config = EvaluatorConfig.model_validate_json(evaluator_config)
-    eval_pattern = split_pattern(examples, "eval")
+    eval_pattern = split_pattern(examples, EVAL_SPLIT)
     candidate = path_utils.serving_model_path(model.uri)
     champion = labelled_or_latest_version(serving_root, model_name, champion_label) if serving_root else None
     accepted = anomalies.get_string_custom_property("accepted_changes") if anomalies is not None else ""

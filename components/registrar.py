@@ -16,7 +16,7 @@ from tfx.types import standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 from tfx.utils import path_utils
 
-from components.splits import split_pattern
+from components.splits import EVAL_SPLIT, split_pattern
 
 
 class RegistrarSpec(ComponentSpec):
@@ -61,7 +61,7 @@ def _float_properties(artifact, prefix: str) -> dict[str, float]:
     return {k[len(prefix):]: artifact.get_float_custom_property(k) for k in props if k.startswith(prefix)}
 
 
-def _sample_records(examples, split: str = "eval", limit: int = 20) -> list[dict]:
+def _sample_records(examples, split: str = EVAL_SPLIT, limit: int = 20) -> list[dict]:
     """A few rows of the split as {feature: value} (None when missing), for the input example."""
     import tensorflow as tf
 

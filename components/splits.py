@@ -4,6 +4,7 @@ import os
 from tfx.types import artifact_utils
 
 TRAIN_SPLIT = "train"  # the split the Trainer trains on
+EVAL_SPLIT = "eval"  # the split the Trainer and the Evaluator evaluate on
 COLUMNS_FOLDER = "handed_over_columns"  # in the Examples artifact: Split-<name>/, beside the Split-* folders stock readers glob
 
 

@@ -10,7 +10,7 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema
 from tfx.utils import path_utils
 
-from components.splits import TRAIN_SPLIT, columns_dir, split_pattern
+from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
 
 TFLITE_DROPPED = "tflite_dropped"  # Model artifact property: {variant: why} of dropped TFLite variants
 EXPORTED = "exported"  # Model artifact property: the weights exported (trainer's TrainResult.exported), as JSON
@@ -52,14 +52,14 @@ def Trainer(
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
-        result = train(config, split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, "eval"), label,
+        result = train(config, split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, EVAL_SPLIT), label,
                        metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri,
                        label_kind=label_kind, max_classes=max_classes or None,
-                       columns_dir=columns_dir(examples.uri, TRAIN_SPLIT))
+                       columns_dirs=[columns_dir(examples.uri, split) for split in (TRAIN_SPLIT, EVAL_SPLIT)])
         # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
         report = export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,
-                     split_pattern(examples, "train"), split_pattern(examples, "eval"),
+                     split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, EVAL_SPLIT),
                      ExportConfig.model_validate_json(export_config), default=label, exported=result.exported)
     except BaseException:
         if run:

@@ -1,4 +1,4 @@
-"""The columns the CSV ExampleGen hands over with the train split's records are what the Trainer would
+"""The columns the CSV ExampleGen hands over with each split's records are what the Trainer would
 parse from those records, and are taken only for the very file they were written with."""
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 import tensorflow as tf
 from tfx.types import artifact_utils
 
-from components.splits import TRAIN_SPLIT, columns_dir, split_pattern
+from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
 from ingestion import csv_records
 from tests.conftest import mixed_csv, run_csv_example_gen
 from trainer import handover
 from trainer.config import InputConfig
 from trainer.features import infer_feature_kinds
-from trainer.inputs import MARKED, _handed_over_columns, load_in_memory, parsed_columns
+from trainer.heads import CLASSIFICATION, REGRESSION, Head
+from trainer.inputs import MARKED, _handed_over_columns, eval_dataset, load_in_memory, make_dataset, parsed_columns
 
 FRACTION = 0.3
 
@@ -36,8 +37,14 @@ def examples(tmp_path_factory):
 
 
 def _kinds(examples) -> dict[str, str]:
-    # "nothing" has no value in any row, so the records do not hold it: a schema could still name it
-    return {**infer_feature_kinds(split_pattern(examples, TRAIN_SPLIT)), "nothing": "string"}
+    # "nothing" has no value in any row, so the records do not hold it: a schema could still name
+    # it, or a column of numbers none of these records holds ("unheld")
+    return {**infer_feature_kinds(split_pattern(examples, TRAIN_SPLIT)), "nothing": "string", "unheld": "int64"}
+
+
+def _folders(examples) -> list[str]:
+    """Where the Trainer looks for the columns (components/trainer.py)."""
+    return [columns_dir(examples.uri, TRAIN_SPLIT), columns_dir(examples.uri, EVAL_SPLIT)]
 
 
 def _load(examples, handed_over: bool, caplog):
@@ -46,7 +53,7 @@ def _load(examples, handed_over: bool, caplog):
     with caplog.at_level(logging.INFO, logger="loopline"):
         caplog.clear()
         columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(), 32,
-                                 held_out=FRACTION, columns_dir=columns_dir(examples.uri, TRAIN_SPLIT) if handed_over else None)
+                                 held_out=FRACTION, columns_dirs=_folders(examples) if handed_over else ())
     return columns, "handed over as columns" in caplog.text
 
 
@@ -62,9 +69,9 @@ def _assert_same(ours: dict, theirs: dict) -> None:
 
 
 def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
-    path = handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), _kinds(examples))
+    path = handover.columns_file(_folders(examples), split_pattern(examples, TRAIN_SPLIT), _kinds(examples), buckets=True)
+    assert path.startswith(columns_dir(examples.uri, TRAIN_SPLIT))
     assert len(list(handover.read_blocks(path))) > 10  # the blocks' order is kept across blocks
-    assert not tf.io.gfile.exists(columns_dir(examples.uri, "eval"))  # written beside the train split only
     (handed, taken), (parsed, parse_taken) = _load(examples, True, caplog), _load(examples, False, caplog)
     assert taken and not parse_taken
     _assert_same(handed, parsed)
@@ -73,13 +80,13 @@ def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
     assert np.isnan(parsed["ratio"].numpy()).any() and np.isinf(parsed["ratio"].numpy()).any()
     assert (parsed["city"].numpy() == b"").any() and (parsed["city"].numpy() == "Zürich".encode()).any()
     assert len(np.unique(parsed["code"].numpy())) > 1000  # text of many values
-    assert (parsed["nothing"].numpy() == b"").all()
+    assert (parsed["nothing"].numpy() == b"").all() and np.isnan(parsed["unheld"].numpy()).all()
 
 
 def test_the_in_memory_size_is_counted_as_for_the_parsed_records(examples):
     """Which way a split goes (held in memory or streamed) does not depend on the hand-over."""
     kinds = _kinds(examples)
-    path = handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds)
+    path = handover.columns_file(_folders(examples), split_pattern(examples, TRAIN_SPLIT), kinds)
     counted = sum(handover.in_memory_bytes(batch, kinds) for batch in handover.read_blocks(path))
     parsed = parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
     assert counted == sum(int(tf.reduce_sum(tf.strings.length(c))) + 16 * int(tf.size(c)) if c.dtype == tf.string
@@ -107,7 +114,7 @@ def test_columns_are_not_taken_for_another_file(examples, tmp_path, caplog):
 
 def test_columns_of_other_types_than_the_kinds_are_left_to_the_parse(examples):
     kinds = {**_kinds(examples), "city": "float32"}
-    assert handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), split_pattern(examples, TRAIN_SPLIT), kinds) is None
+    assert handover.columns_file(_folders(examples), split_pattern(examples, TRAIN_SPLIT), kinds) is None
     with pytest.raises(tf.errors.InvalidArgumentError):
         parsed_columns(split_pattern(examples, TRAIN_SPLIT), kinds, 2**40)
 
@@ -118,4 +125,52 @@ def test_a_split_of_several_files_is_parsed(examples, tmp_path):
     [path] = tf.io.gfile.glob(split_pattern(examples, TRAIN_SPLIT))
     shutil.copy(path, folder / "a.gz")
     shutil.copy(path, folder / "b.gz")
-    assert handover.columns_file(columns_dir(examples.uri, TRAIN_SPLIT), str(folder / "*"), _kinds(examples)) is None
+    assert handover.columns_file(_folders(examples), str(folder / "*"), _kinds(examples)) is None
+
+
+def _eval_heads() -> list[Head]:
+    return [Head("city", CLASSIFICATION, vocabulary=["Kraków", "Oslo", "Zürich"]),
+            Head("count", REGRESSION, mean=20.0, std=15.0, label_dtype="float32")]
+
+
+def _batches(dataset) -> list:
+    return [tf.nest.map_structure(lambda t: t.numpy(), element) for element in dataset]
+
+
+def test_the_eval_split_is_read_from_its_columns_as_from_its_records(examples, caplog):
+    """The eval split's columns are handed over too (without hold-out buckets): the Trainer's
+    evaluation reads them instead of parsing the records, the same batches in the same order."""
+    kinds, heads, pattern = _kinds(examples), _eval_heads(), split_pattern(examples, EVAL_SPLIT)
+    path = handover.columns_file(_folders(examples), pattern, kinds)
+    assert path.startswith(columns_dir(examples.uri, EVAL_SPLIT)) and len(list(handover.read_blocks(path))) > 5
+    assert handover.columns_file(_folders(examples), pattern, kinds, buckets=True) is None  # no hold-out buckets
+    with caplog.at_level(logging.INFO, logger="loopline"):
+        handed = eval_dataset(pattern, kinds, heads, 1000, InputConfig(), _folders(examples))
+    assert "its columns handed over" in caplog.text
+    parsed = make_dataset(pattern, kinds, heads, 1000, InputConfig())
+    assert handed.element_spec == parsed.element_spec  # an evaluation traced for one takes the other
+    ours, theirs = _batches(handed), _batches(parsed)
+    assert len(ours) == len(theirs) > 5 and [len(t["city"]) for _, t in ours][:-1] == [1000] * (len(ours) - 1)
+    for (features, targets), (want_features, want_targets) in zip(ours, theirs):
+        for name in want_features:
+            np.testing.assert_array_equal(features[name], want_features[name], err_msg=name)
+        for name in want_targets:
+            np.testing.assert_array_equal(targets[name], want_targets[name], err_msg=name)
+    assert len(_batches(handed)) == len(ours)  # read again from the start at each pass
+
+
+def test_an_eval_split_without_its_columns_is_parsed(examples, tmp_path, caplog):
+    """No folders given, or a split file changed since: the records are parsed."""
+    kinds, heads, pattern = _kinds(examples), _eval_heads(), split_pattern(examples, EVAL_SPLIT)
+    with caplog.at_level(logging.INFO, logger="loopline"):
+        eval_dataset(pattern, kinds, heads, 1000, InputConfig(), ())
+        [path] = tf.io.gfile.glob(pattern)
+        changed = tmp_path / "Split-eval" / "data.gz"
+        changed.parent.mkdir()
+        with tf.io.TFRecordWriter(str(changed), "GZIP") as writer:
+            for record in list(tf.data.TFRecordDataset(path, "GZIP").as_numpy_iterator())[1:]:
+                writer.write(record)
+        rows = sum(len(t["city"]) for _, t in eval_dataset(str(changed.parent / "*"), kinds, heads, 1000, InputConfig(),
+                                                              _folders(examples)))
+    assert "its columns handed over" not in caplog.text and "no columns handed over" in caplog.text
+    assert rows == sum(len(t["city"]) for _, t in make_dataset(pattern, kinds, heads, 1000)) - 1

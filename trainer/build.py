@@ -23,8 +23,8 @@ from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_f
                               resolve_image_shapes)
 from trainer.flops import count_flops
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, load_in_memory, make_dataset, parsed_batches,
-                            split_marked, training_stream)
+from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, eval_dataset, load_in_memory, make_dataset,
+                            parsed_batches, split_marked, training_stream)
 from trainer.model import (
     ModelContext,
     build_models,
@@ -123,10 +123,10 @@ def export_name(module, models: dict) -> str:
 
 def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, label: str,
               metric_sinks: Sequence[MetricSink], work_dir: str | None, kinds: FeatureKinds | None,
-              label_kind: str, max_classes: int | None, columns_dir: str | None = None) -> Run:
+              label_kind: str, max_classes: int | None, columns_dirs: Sequence[str] = ()) -> Run:
     strategy = make_strategy(config.strategy)
     chief = is_chief(strategy)
-    data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dir)
+    data = _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dirs)
     steps_per_epoch, total_steps = _run_length(config, data["stats"])
     replicas = strategy.num_replicas_in_sync
     if config.batch_size % replicas:
@@ -155,7 +155,8 @@ def build_run(config: TrainerConfig, train_pattern: str, eval_pattern: str, labe
     )
     start_step = checkpoints.start(config.resume, step_var)  # restores the variables above
     inputs = _datasets(config, module, strategy, model, data, train_pattern, eval_pattern,
-                       int(batches_var.numpy()), speed.jit_compile, _reads(config, steps_per_epoch, total_steps))
+                       int(batches_var.numpy()), speed.jit_compile, _reads(config, steps_per_epoch, total_steps),
+                       columns_dirs)
     if config.unroll_steps > 1 and not (replicas == 1 and not custom):
         log.warning("trainer.unroll_steps=%d applies on one replica without a train_step override; running "
                     "one step per call", config.unroll_steps)
@@ -176,9 +177,9 @@ def _cpu_dense_flops(config: TrainerConfig, strategy: tf.distribute.Strategy, mo
     return count_flops(model).training * examples
 
 
-def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dir) -> dict:
+def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, columns_dirs) -> dict:
     """What the data holds: feature kinds (from the schema when given), statistics, one head per
-    label. `columns_dir`: where the train split's columns may have been handed over (trainer.handover)."""
+    label. `columns_dirs`: where the splits' columns may have been handed over (trainer.handover)."""
     all_kinds = resolve_image_shapes(dict(kinds), train_pattern) if kinds else infer_feature_kinds(train_pattern)
     signature_names_of(all_kinds)  # two columns with one name in the model: an error naming both
     module = module_for_data(load_module(config.module_file), label, all_kinds, config.module_file)
@@ -192,7 +193,7 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, col
     fraction = config.validation_fraction if metric is not None else 0.0
     # A split that fits in memory is parsed once (or taken from the columns handed over with its
     # records): the hold-out's count, the statistics, the training stream and the validation rows share it.
-    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction, columns_dir)
+    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction, columns_dirs)
     if held_out is None:  # not decided there (streamed: the held-out rows are counted in a pass of their own)
         held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
     rows = partial(holdout.training_rows, fraction=held_out) if held_out else None
@@ -215,12 +216,12 @@ def _selection_settings(config: TrainerConfig, module, labels: list[str], label:
 
 
 def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKinds, fraction: float,
-               columns_dir: str | None):
+               columns_dirs: Sequence[str]):
     """(training columns, validation columns, fraction held out) when the train split is held in
     memory, its held-out rows sorted out in the same read; the columns None when it is streamed,
     the fraction None when nothing was to be held out or the split is streamed."""
     columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, held_out=fraction,
-                             columns_dir=columns_dir)
+                             columns_dirs=columns_dirs)
     if columns is None or not fraction:
         return columns, None, None
     training, validation = split_marked(columns)
@@ -311,9 +312,11 @@ def _evaluation_batch(config: TrainerConfig, all_kinds: FeatureKinds) -> int:
     return max(config.batch_size, EVALUATION_ROWS) if all(is_scalar(kind) for kind in all_kinds.values()) else config.batch_size
 
 
-def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit, reads) -> dict:
-    """The distributed training stream (resuming after `skip_batches`), the eval split, the
-    validation rows (the eval split when none are held out) and a probe batch."""
+def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern, skip_batches, jit, reads,
+              columns_dirs) -> dict:
+    """The distributed training stream (resuming after `skip_batches`), the eval split (from its
+    columns where they are handed over in `columns_dirs`), the validation rows (the eval split
+    when none are held out) and a probe batch."""
     all_kinds, heads, held_out = data["all_kinds"], data["heads"], data["held_out"]
     dataset = training_stream(train_pattern, all_kinds, heads, config.batch_size, _cached(config.input, reads["train"]),
                               config.seed, skip_batches=skip_batches, columns=data["columns"],
@@ -323,7 +326,8 @@ def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern
     stepped, dataset, jit_on = _compile_strings_out(model, data["ctx"].kinds, dataset, config, jit and not custom)
     evaluated, batch = _cached(config.input, reads["evaluations"]), _evaluation_batch(config, all_kinds)
     # With rows held out, the eval split is read once, by the final evaluation.
-    eval_data = make_dataset(eval_pattern, all_kinds, heads, batch, _cached(config.input, 1) if held_out else evaluated)
+    eval_data = eval_dataset(eval_pattern, all_kinds, heads, batch, _cached(config.input, 1) if held_out else evaluated,
+                             columns_dirs)
     if not held_out:
         selection_data = eval_data
     elif data["validation"] is not None:  # held in memory with the training rows

@@ -2,21 +2,22 @@
 
 The CSV ExampleGen encodes each block of rows into tf.Examples from typed Arrow columns (a list
 column of the example's value type per feature, tfx-bsl's decoder layout:
-ingestion/csv_records.encode_with_columns). Beside each GZIP file of the train split it writes
-those columns (`ColumnsWriter`), in the records' order and with each record's hold-out bucket
-(trainer.holdout.bucket of its serialized bytes), as an Arrow IPC stream named after the finished
-GZIP file's CRC32C and size. The Trainer, holding a split of one file in memory, reads that file's
-CRC32C and size and takes the columns of that name (`columns_file`); it parses the records
-otherwise (another ExampleGen, images, a file changed or replaced since, several files). Both ways
-give the same tensors: the columns go through parse_examples' own checks and conversion
-(features.checked_columns), and their hold-out marks come from the same buckets.
+ingestion/csv_records.encode_with_columns). Beside each GZIP file of a split it writes those
+columns (`ColumnsWriter`), in the records' order (the train split's with each record's hold-out
+bucket, trainer.holdout.bucket of its serialized bytes), as an Arrow IPC stream named after the
+finished GZIP file's CRC32C and size. The Trainer, holding the train split of one file in memory
+or evaluating on the eval split, reads that file's CRC32C and size and takes the columns of that
+name (`columns_file`); it parses the records otherwise (another ExampleGen, images, a file changed
+or replaced since, several files). Both ways give the same tensors: the columns go through
+parse_examples' own checks and conversion (features.checked_columns), and their hold-out marks
+come from the same buckets.
 """
 from __future__ import annotations
 
 import logging
 import os
 import uuid
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import google_crc32c
 import numpy as np
@@ -77,16 +78,19 @@ def _compact(schema: pa.Schema) -> pa.Schema:
     return pa.schema([field.with_type(compact(field.type)) for field in schema])
 
 
-def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | None:
-    """The columns handed over with the split's one file, when they are there for its very bytes
-    and hold the value types the parse reads; else None (the records are to be parsed)."""
-    if not tf.io.gfile.isdir(folder) or any(kind_spec(kind).is_image for kind in kinds.values()):
+def columns_file(folders: Sequence[str], file_pattern: str, kinds: FeatureKinds, buckets: bool = False) -> str | None:
+    """The columns handed over with the split's one file in one of `folders`, when they are there
+    for its very bytes, hold the value types the parse reads and, with `buckets`, the records'
+    hold-out buckets; else None (the records are to be parsed)."""
+    folders = [folder for folder in folders if tf.io.gfile.isdir(folder)]
+    if not folders or any(kind_spec(kind).is_image for kind in kinds.values()):
         return None
     files = tf.io.gfile.glob(file_pattern)
     if len(files) != 1:
         return None
-    path = os.path.join(folder, columns_name(*_crc32c_and_size(files[0])))
-    if not tf.io.gfile.exists(path):
+    name = columns_name(*_crc32c_and_size(files[0]))
+    path = next((p for p in (os.path.join(folder, name) for folder in folders) if tf.io.gfile.exists(p)), None)
+    if path is None:
         log.info("no columns handed over for %s; parsing its records", files[0])
         return None
     with GFileStream(path, "rb") as file:
@@ -94,7 +98,7 @@ def columns_file(folder: str, file_pattern: str, kinds: FeatureKinds) -> str | N
     if any(_values_type(schema, name) not in (*_ARROW_TYPES.get(value_dtype(kind), ()), pa.null())
            for name, kind in kinds.items()):
         return None  # not the types the parse reads: it raises its own error
-    return path
+    return path if not buckets or BUCKET in schema.names else None
 
 
 def read_blocks(path: str) -> Iterator[pa.RecordBatch]:
@@ -125,7 +129,52 @@ def in_memory_bytes(columns: pa.RecordBatch, kinds: FeatureKinds) -> int:
 
 def to_columns(columns: pa.RecordBatch, kinds: FeatureKinds) -> dict[str, tf.Tensor]:
     """parse_examples' dense tensors from handed-over columns, through its own checks."""
-    return checked_columns({name: _ragged(columns, name, value_dtype(kind)) for name, kind in kinds.items()}, kinds)
+    return column_tensors(block_arrays(columns, kinds), kinds)
+
+
+def block_arrays(columns: pa.RecordBatch, kinds: FeatureKinds) -> dict[str, dict[str, np.ndarray]]:
+    """A block's columns as NumPy arrays, for `column_tensors`: each column's row splits (int64, as
+    tf.io.RaggedFeature parses them) and values, a text column's as indices into its distinct
+    values (a Python object per distinct value, not per row). Shaped as `arrays_spec` says."""
+    arrays = {}
+    for name, kind in kinds.items():
+        dtype = value_dtype(kind)
+        text = dtype == tf.string
+        if _values_type(columns.schema, name) == pa.null():  # no value in any row
+            splits, values = np.zeros(columns.num_rows + 1, np.int64), pa.array([], _ARROW_TYPES[dtype][0])
+        else:
+            column = columns.column(name)
+            offsets = column.offsets.to_numpy().astype(np.int64)
+            splits, values = offsets - offsets[0], column.flatten()
+        if text:
+            encoded = pc.dictionary_encode(values)
+            arrays[name] = {"splits": splits, "distinct": encoded.dictionary.to_numpy(zero_copy_only=False).astype(object),
+                            "indices": encoded.indices.to_numpy(zero_copy_only=False)}
+        else:
+            arrays[name] = {"splits": splits, "values": values.to_numpy(zero_copy_only=False)}
+    return arrays
+
+
+def arrays_spec(kinds: FeatureKinds) -> dict[str, dict[str, tf.TensorSpec]]:
+    """The structure of `block_arrays`' answers, as tensors."""
+    def spec(kind: str) -> dict[str, tf.TensorSpec]:
+        values = ({"distinct": tf.TensorSpec([None], tf.string), "indices": tf.TensorSpec([None], tf.int32)}
+                  if value_dtype(kind) == tf.string else {"values": tf.TensorSpec([None], value_dtype(kind))})
+        return {"splits": tf.TensorSpec([None], tf.int64), **values}
+
+    return {name: spec(kind) for name, kind in kinds.items()}
+
+
+def column_tensors(arrays: dict[str, dict], kinds: FeatureKinds) -> dict[str, tf.Tensor]:
+    """parse_examples' dense tensors from `block_arrays`' answer (eagerly, or in a tf.data map),
+    through its own checks and conversion."""
+    ragged = {}
+    for name, kind in kinds.items():
+        column = arrays[name]
+        values = (tf.gather(tf.convert_to_tensor(column["distinct"], tf.string), column["indices"]) if "distinct" in column
+                  else tf.convert_to_tensor(column["values"], value_dtype(kind)))
+        ragged[name] = tf.RaggedTensor.from_row_splits(values, column["splits"], validate=False)
+    return checked_columns(ragged, kinds)
 
 
 def buckets(columns: pa.RecordBatch) -> tf.Tensor:
@@ -136,19 +185,3 @@ def _values_type(schema: pa.Schema, name: str) -> pa.DataType:
     """The type of a column's values (null: a column with no value, or none at all)."""
     kind = schema.field(name).type if name in schema.names else pa.null()
     return pa.null() if pa.types.is_null(kind) else kind.value_type
-
-
-def _ragged(columns: pa.RecordBatch, name: str, dtype: tf.DType) -> tf.RaggedTensor:
-    """One column's values per row, as tf.io.RaggedFeature parses them (int64 row splits)."""
-    if _values_type(columns.schema, name) == pa.null():  # no value in any row
-        return tf.RaggedTensor.from_row_splits(tf.zeros([0], dtype), tf.zeros([columns.num_rows + 1], tf.int64))
-    column = columns.column(name)
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.flatten()
-    if dtype == tf.string:  # through a dictionary: a Python object per distinct value, not per row
-        encoded = pc.dictionary_encode(values)
-        distinct = tf.constant(encoded.dictionary.to_numpy(zero_copy_only=False).astype(object), tf.string)
-        values = tf.gather(distinct, encoded.indices.to_numpy(zero_copy_only=False))
-    else:
-        values = tf.constant(values.to_numpy(zero_copy_only=False), dtype)
-    return tf.RaggedTensor.from_row_splits(values, offsets - offsets[0], validate=False)

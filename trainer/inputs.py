@@ -7,7 +7,7 @@ import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import tensorflow as tf
 from tensorflow.python.util import deprecation
@@ -100,11 +100,21 @@ def _first_rows(chunks: Iterator[list], limit: int | None) -> Iterator[list]:
 
 
 def _splitter(kinds: FeatureKinds, heads: list[Head]):
-    labels = {head.name for head in heads}
+    split_labels = _label_splitter(heads)
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
     def split(serialized):
-        parsed = parse_examples(serialized, kinds)
+        return split_labels(parse_examples(serialized, kinds))
+
+    return split
+
+
+def _label_splitter(heads: list[Head]):
+    """Parsed columns -> (features, targets): the label columns taken out, encoded per head."""
+    labels = {head.name for head in heads}
+
+    @tf.autograph.experimental.do_not_convert  # as above
+    def split(parsed):
         features = {k: v for k, v in parsed.items() if k not in labels}
         targets = {head.name: head.encode_label(parsed[head.name]) for head in heads}
         return features, targets
@@ -183,18 +193,18 @@ def _rows(columns) -> int:
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
-                   rows: Rows = None, held_out: float = 0.0, columns_dir: str | None = None
+                   rows: Rows = None, held_out: float = 0.0, columns_dirs: Sequence[str] = ()
                    ) -> dict[str, tf.Tensor] | None:
     """The training split (its `rows`) parsed once (`parsed_columns`) when it fits
     `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why.
     `held_out`: a fraction whose validation rows (trainer.holdout) are marked in the column MARKED.
-    The columns handed over with the split's records in `columns_dir` (trainer.handover) are taken
-    instead of a parse of all its rows where they are there: the same tensors, the same marks."""
+    The columns handed over with the split's records in one of `columns_dirs` (trainer.handover)
+    are taken instead of a parse of all its rows where they are there: the same tensors, the same marks."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     max_bytes = config.in_memory_mb * 2**20
-    columns_file = handover.columns_file(columns_dir, file_pattern, kinds) if columns_dir and rows is None else None
+    columns_file = handover.columns_file(columns_dirs, file_pattern, kinds, buckets=bool(held_out)) if rows is None else None
     if columns_file is not None:
         columns = _handed_over_columns(columns_file, kinds, max_bytes,
                                        partial(holdout.held_out_buckets, fraction=held_out) if held_out else None)
@@ -380,6 +390,25 @@ def make_dataset(
         chunks = chunks.cache()
     dataset = chunks.map(_splitter(kinds, heads), num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
     return read_once(_finish(dataset, config))
+
+
+def eval_dataset(file_pattern: str, kinds: FeatureKinds, heads: list[Head], batch_size: int,
+                 config: InputConfig | None = None, columns_dirs: Sequence[str] = ()) -> tf.data.Dataset:
+    """make_dataset's pass over a whole split, from the columns handed over with its records in
+    one of `columns_dirs` (trainer.handover) where they are there: the same batches in the same
+    order, converted block by block instead of parsed, so memory holds a block at a time."""
+    path = handover.columns_file(columns_dirs, file_pattern, kinds)
+    if path is None:
+        return make_dataset(file_pattern, kinds, heads, batch_size, config)
+    log.info("eval split %s: its columns handed over", file_pattern)
+    split_labels = _label_splitter(heads)
+    # The generator hands NumPy arrays over (tf.data converts a text tensor's every value to a
+    # Python object and back); the tensors are made in the map, in parallel.
+    blocks = tf.data.Dataset.from_generator(lambda: (handover.block_arrays(block, kinds) for block in handover.read_blocks(path)),
+                                            output_signature=handover.arrays_spec(kinds))
+    dataset = blocks.map(tf.autograph.experimental.do_not_convert(lambda arrays: split_labels(handover.column_tensors(arrays, kinds))),
+                         num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
+    return read_once(_finish(dataset, config or InputConfig()))
 
 
 def parsed_batches(file_pattern: str, kinds: FeatureKinds, batch_size: int = 1024, rows: Rows = None):

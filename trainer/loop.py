@@ -40,20 +40,20 @@ def train(
     work_dir: str | None = None,
     label_kind: str = "auto",
     max_classes: int | None = None,
-    columns_dir: str | None = None,
+    columns_dirs: Sequence[str] = (),
 ) -> TrainResult:
     """Trains on the train split and evaluates on the eval split (GZIP TFRecord file patterns).
     `label_kind` and `max_classes` are data.label_kind and data.max_classes (`model.head_kinds`).
 
     With `work_dir`, checkpoints go to `<work_dir>/checkpoints` (and a run there resumes from
     the latest one, unless trainer.resume is false) and TensorBoard summaries to
-    `<work_dir>/tensorboard/{train,eval}`. `columns_dir`: where the train split's columns may
-    have been handed over with its records (trainer.handover; the CSV ExampleGen's).
+    `<work_dir>/tensorboard/{train,eval}`. `columns_dirs`: where the splits' columns may
+    have been handed over with their records (trainer.handover; the CSV ExampleGen's).
     """
     _configure_runtime(config)
     try:
         run = build_run(config, train_pattern, eval_pattern, label, metric_sinks, work_dir, kinds, label_kind,
-                        max_classes, columns_dir)
+                        max_classes, columns_dirs)
         return _control(run)
     finally:
         _reset_runtime(config)
