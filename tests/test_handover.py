@@ -16,9 +16,10 @@ from ingestion import csv_records
 from tests.conftest import mixed_csv, run_csv_example_gen
 from trainer import handover
 from trainer.config import InputConfig
-from trainer.features import infer_feature_kinds
+from trainer.features import compute_stats, infer_feature_kinds
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
-from trainer.inputs import MARKED, _handed_over_columns, eval_dataset, load_in_memory, make_dataset, parsed_columns
+from trainer.inputs import (MARKED, _handed_over_columns, column_batches, eval_dataset, load_in_memory, make_dataset,
+                            parsed_batches, parsed_columns)
 
 FRACTION = 0.3
 
@@ -81,6 +82,25 @@ def test_the_columns_handed_over_are_the_parsed_records(examples, caplog):
     assert (parsed["city"].numpy() == b"").any() and (parsed["city"].numpy() == "Zürich".encode()).any()
     assert len(np.unique(parsed["code"].numpy())) > 1000  # text of many values
     assert (parsed["nothing"].numpy() == b"").all() and np.isnan(parsed["unheld"].numpy()).all()
+
+
+def test_statistics_of_the_held_columns_are_those_of_the_parsed_records(examples, caplog):
+    """The Trainer's statistics over the columns it holds (tensors, text counted by TensorFlow, in
+    batches of any size) are those of a pass over the parsed records (NumPy, text counted by Counter)."""
+    kinds = {name: kind for name, kind in _kinds(examples).items()}
+    columns, _ = _load(examples, True, caplog)
+    columns = {name: column for name, column in columns.items() if name != MARKED}
+    want = compute_stats(parsed_batches(split_pattern(examples, TRAIN_SPLIT), kinds), kinds, classes=["city", "count"])
+    assert want.strings["city"] and len(want.lookups["code"]) > 1000 and want.missing["city"] > 0
+    assert sorted(want.classes["count"]) == sorted(str(n) for n in range(-5, 50))  # numbers as classes too
+    for rows in (7_000, 1 << 16):
+        got = compute_stats(column_batches(columns, rows), kinds, classes=["city", "count"])
+        assert isinstance(next(column_batches(columns, rows))["city"], tf.Tensor)
+        assert (got.strings, got.lookups, got.missing, got.count, got.classes) == \
+            (want.strings, want.lookups, want.missing, want.count, want.classes)
+        assert got.numbers.keys() == want.numbers.keys()
+        for name, (mean, std) in want.numbers.items():  # float sums in another order
+            assert got.numbers[name] == pytest.approx((mean, std), rel=1e-9), name
 
 
 def test_the_in_memory_size_is_counted_as_for_the_parsed_records(examples):

@@ -308,8 +308,25 @@ def class_name(value) -> str | None:
     return str(int(value))
 
 
+def _distinct_counts(column) -> list[tuple]:
+    """Each distinct value of a column (a `[batch, ...]` array or tensor) and its count: a text
+    tensor's counted by TensorFlow, with no Python object per row; an array's by Counter."""
+    if isinstance(column, tf.Tensor) and column.dtype == tf.string:
+        distinct, _, counts = tf.unique_with_counts(tf.reshape(column, [-1]))
+        return list(zip(distinct.numpy().tolist(), counts.numpy().tolist()))
+    return list(Counter(np.asarray(column).reshape(-1).tolist()).items())
+
+
+def _rows_with_text(column, size: int) -> int:
+    """The rows of a text column holding at least one non-empty value."""
+    if isinstance(column, tf.Tensor):
+        return int(tf.math.count_nonzero(tf.reduce_any(tf.reshape(column, [size, -1]) != b"", axis=1)))
+    rows = np.asarray(column).reshape(size, -1)
+    return int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
+
+
 def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
-    """One pass over parsed batches (dicts of `[batch, ...]` arrays). `classes`: label columns of
+    """One pass over parsed batches (dicts of `[batch, ...]` arrays, or tensors: `column_batches`). `classes`: label columns of
     classification heads, whose every class is counted (numbers too). Batches and the returned
     statistics are keyed by signature names, as parse_examples gives them."""
     kinds = {signature_name(column): kind for column, kind in kinds.items()}
@@ -326,9 +343,10 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
         size = next(iter(batch.values())).shape[0]
         total += size
         for name, kind in kinds.items():
-            rows = np.asarray(batch[name]).reshape(size, -1)
-            values = rows.reshape(-1)
+            column = batch[name]
             if is_number(kind):
+                rows = np.asarray(column).reshape(size, -1)
+                values = rows.reshape(-1)
                 finite = np.isfinite(values)
                 ok = values[finite].astype(np.float64)
                 infinite[name] += int(np.isinf(values).sum())
@@ -337,13 +355,13 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
                 values_seen[name] += ok.size
                 present[name] += int(np.isfinite(rows).any(axis=1).sum())
             else:
-                for value, n in Counter(values.tolist()).items():  # distinct values once, not every row
+                for value, n in _distinct_counts(column):
                     if value:
                         text = value.decode() if isinstance(value, bytes) else str(value)
                         counts[name][text] = counts[name].get(text, 0) + n
-                present[name] += int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
+                present[name] += _rows_with_text(column, size)
             if name in class_counts:
-                for value, n in Counter(values.tolist()).items():
+                for value, n in _distinct_counts(column):
                     try:
                         text = class_name(value)
                     except ValueError as exc:

@@ -140,7 +140,7 @@ def _finish(dataset: tf.data.Dataset, config: InputConfig) -> tf.data.Dataset:
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-_CHUNK = 8192  # rows parsed per call when a whole split is read (and per statistics batch of held columns)
+_CHUNK = 8192  # rows parsed per call when a whole split is read
 
 
 # Picks the records of a batch of serialized records to use (trainer.holdout: the training or the
@@ -259,10 +259,17 @@ def columns_dataset(columns: dict[str, tf.Tensor], heads: list[Head], batch_size
     return _finish(starts.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True), config)
 
 
-def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _CHUNK):
-    """Parsed columns as NumPy batches, as `parsed_batches` gives them (for statistics)."""
-    for start in range(0, _rows(columns), batch_size):
-        yield {name: column[start:start + batch_size].numpy() for name, column in columns.items()}
+_STATISTICS_ROWS = 1 << 16  # rows per statistics batch of held columns: a few eager ops a column a batch, whatever its size
+
+
+def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _STATISTICS_ROWS):
+    """Held columns in batches of `batch_size` rows, as `parsed_batches` gives them but as
+    tensors (for statistics, which count a text column's values without a Python object per row)."""
+    rows = _rows(columns)
+    sizes = [batch_size] * (rows // batch_size) + ([rows % batch_size] if rows % batch_size else [])
+    pieces = {name: tf.split(column, sizes) for name, column in columns.items()}  # one op a column, not one a batch
+    for index in range(len(sizes)):
+        yield {name: pieces[name][index] for name in columns}
 
 
 def _in_memory_stream(columns, batch_size: int, seed: int, skip_batches: int, config: InputConfig) -> tf.data.Dataset:
