@@ -230,7 +230,8 @@ class Executor(BaseExampleGenExecutor):
         with self._make_beam_pipeline() as pipeline:
             for name, tagged in self._tagged(pipeline, exec_properties).items():
                 prefix = os.path.join(artifact_utils.get_split_uri([examples], name), DEFAULT_TF_RECORD_FILE_NAME)
-                tagged[name] | f"Write[{name}]" >> beam.io.Write(_FramedRecordsSink(prefix, splits.columns_dir(examples.uri, name)))
+                sink = _FramedRecordsSink(prefix, splits.columns_dir(examples.uri, name))
+                tagged[name] | f"Write[{name}]" >> beam.io.Write(sink)
                 if self.SUMMARIZES:
                     (tagged[summary_tag(name)]
                      | f"Statistics[{name}]" >> beam.CombineGlobally(SummaryCombineFn(name))

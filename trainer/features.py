@@ -326,9 +326,9 @@ def _rows_with_text(column, size: int) -> int:
 
 
 def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
-    """One pass over parsed batches (dicts of `[batch, ...]` arrays, or tensors: `column_batches`). `classes`: label columns of
-    classification heads, whose every class is counted (numbers too). Batches and the returned
-    statistics are keyed by signature names, as parse_examples gives them."""
+    """One pass over parsed batches (dicts of `[batch, ...]` arrays, or of tensors: `column_batches`).
+    `classes`: label columns of classification heads, whose every class is counted (numbers too).
+    Batches and the returned statistics are keyed by signature names, as parse_examples gives them."""
     kinds = {signature_name(column): kind for column, kind in kinds.items()}
     classes = [signature_name(column) for column in classes]
     class_counts: dict[str, dict[str, int]] = {n: {} for n in classes}

@@ -204,7 +204,8 @@ def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, 
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     max_bytes = config.in_memory_mb * 2**20
-    columns_file = handover.columns_file(columns_dirs, file_pattern, kinds, buckets=bool(held_out)) if rows is None else None
+    columns_file = None if rows is not None else handover.columns_file(columns_dirs, file_pattern, kinds,
+                                                                       buckets=bool(held_out))
     if columns_file is not None:
         columns = _handed_over_columns(columns_file, kinds, max_bytes,
                                        partial(holdout.held_out_buckets, fraction=held_out) if held_out else None)
@@ -259,7 +260,7 @@ def columns_dataset(columns: dict[str, tf.Tensor], heads: list[Head], batch_size
     return _finish(starts.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True), config)
 
 
-_STATISTICS_ROWS = 1 << 16  # rows per statistics batch of held columns: a few eager ops a column a batch, whatever its size
+_STATISTICS_ROWS = 1 << 16  # rows per statistics batch of held columns: a few eager ops per column and batch
 
 
 def column_batches(columns: dict[str, tf.Tensor], batch_size: int = _STATISTICS_ROWS):
@@ -411,10 +412,15 @@ def eval_dataset(file_pattern: str, kinds: FeatureKinds, heads: list[Head], batc
     split_labels = _label_splitter(heads)
     # The generator hands NumPy arrays over (tf.data converts a text tensor's every value to a
     # Python object and back); the tensors are made in the map, in parallel.
-    blocks = tf.data.Dataset.from_generator(lambda: (handover.block_arrays(block, kinds) for block in handover.read_blocks(path)),
-                                            output_signature=handover.arrays_spec(kinds))
-    dataset = blocks.map(tf.autograph.experimental.do_not_convert(lambda arrays: split_labels(handover.column_tensors(arrays, kinds))),
-                         num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
+    def blocks():
+        return (handover.block_arrays(block, kinds) for block in handover.read_blocks(path))
+
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
+    def batch(arrays):
+        return split_labels(handover.column_tensors(arrays, kinds))
+
+    dataset = tf.data.Dataset.from_generator(blocks, output_signature=handover.arrays_spec(kinds))
+    dataset = dataset.map(batch, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
     return read_once(_finish(dataset, config or InputConfig()))
 
 
