@@ -18,8 +18,10 @@ from trainer import handover
 from trainer.config import InputConfig
 from trainer.features import compute_stats, infer_feature_kinds
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
-from trainer.inputs import (MARKED, _handed_over_columns, column_batches, eval_dataset, load_in_memory, make_dataset,
-                            parsed_batches, parsed_columns)
+from trainer import holdout
+from trainer.inputs import (MARKED, _handed_over_columns, column_batches, count_picked, count_rows, eval_dataset,
+                            handed_over_batches, handed_over_dataset, load_in_memory, make_dataset, parsed_batches,
+                            parsed_columns)
 
 FRACTION = 0.3
 
@@ -53,8 +55,9 @@ def _load(examples, handed_over: bool, caplog):
     handed over or not; and whether it took them."""
     with caplog.at_level(logging.INFO, logger="loopline"):
         caplog.clear()
-        columns = load_in_memory(split_pattern(examples, TRAIN_SPLIT), _kinds(examples), InputConfig(), 32,
-                                 held_out=FRACTION, columns_dirs=_folders(examples) if handed_over else ())
+        pattern, kinds = split_pattern(examples, TRAIN_SPLIT), _kinds(examples)
+        path = handover.columns_file(_folders(examples), pattern, kinds, buckets=True) if handed_over else None
+        columns = load_in_memory(pattern, kinds, InputConfig(), 32, held_out=FRACTION, columns_file=path)
     return columns, "handed over as columns" in caplog.text
 
 
@@ -194,3 +197,54 @@ def test_an_eval_split_without_its_columns_is_parsed(examples, tmp_path, caplog)
                                                               _folders(examples)))
     assert "its columns handed over" not in caplog.text and "no columns handed over" in caplog.text
     assert rows == sum(len(t["city"]) for _, t in make_dataset(pattern, kinds, heads, 1000)) - 1
+
+
+def test_a_streamed_split_is_counted_summarized_and_validated_from_its_columns(examples):
+    """A train split too big to hold: its held-out rows counted, its training rows' statistics and
+    its validation rows' batches come from the handed-over columns as from its records."""
+    kinds, heads, pattern = _kinds(examples), _eval_heads(), split_pattern(examples, TRAIN_SPLIT)
+    path = handover.columns_file(_folders(examples), pattern, kinds, buckets=True)
+    held = partial(holdout.held_out_buckets, fraction=FRACTION)
+    assert count_picked(path, held) == count_rows(pattern, partial(holdout.validation_rows, fraction=FRACTION)) > 5000
+    kept = compute_stats(handed_over_batches(path, kinds, lambda buckets: tf.logical_not(held(buckets))), kinds,
+                         classes=["city"])
+    want = compute_stats(parsed_batches(pattern, kinds, rows=partial(holdout.training_rows, fraction=FRACTION)), kinds,
+                         classes=["city"])
+    assert (kept.count, kept.strings, kept.lookups, kept.missing, kept.classes) == \
+        (want.count, want.strings, want.lookups, want.missing, want.classes)
+    assert kept.count == count_rows(pattern, lambda records: records) - count_picked(path, held)
+    for name, moments in want.numbers.items():
+        assert kept.numbers[name] == pytest.approx(moments, rel=1e-9), name
+    ours = _batches(handed_over_dataset(path, kinds, heads, 1000, InputConfig(), pick=held))
+    theirs = _batches(make_dataset(pattern, kinds, heads, 1000, InputConfig(),
+                                   rows=partial(holdout.validation_rows, fraction=FRACTION)))
+    assert len(ours) == len(theirs) > 5
+    for (features, targets), (want_features, want_targets) in zip(ours, theirs):
+        for name in want_features:
+            np.testing.assert_array_equal(features[name], want_features[name], err_msg=name)
+        for name in want_targets:
+            np.testing.assert_array_equal(targets[name], want_targets[name], err_msg=name)
+
+
+@pytest.mark.parametrize("in_memory_mb", [512, 1], ids=["held", "streamed"])
+def test_a_trainer_given_the_columns_trains_and_evaluates_as_on_the_records(examples, caplog, in_memory_mb):
+    """The same seeded, deterministic training run with and without the handed-over columns: the
+    same weights and the same final metrics, the split held in memory or streamed."""
+    from trainer.config import TrainerConfig
+    from trainer.loop import train
+
+    config = TrainerConfig(epochs=1, max_steps=8, seed=3, deterministic=True, batch_size=256, steps_per_loop=4,
+                           tensorboard=False)
+    config = config.model_copy(update={"input": config.input.model_copy(update={"in_memory_mb": in_memory_mb})})
+    patterns = split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, EVAL_SPLIT)
+    with caplog.at_level(logging.INFO, logger="loopline"):
+        caplog.clear()
+        handed = train(config, *patterns, "city", kinds=_kinds(examples), columns_dirs=_folders(examples))
+        log = caplog.text
+    parsed = train(config, *patterns, "city", kinds=_kinds(examples))
+    assert "eval split" in log and "its columns handed over" in log
+    assert ("handed over as columns and held in memory" in log) == (in_memory_mb == 512)
+    assert ("statistics, hold-out count and validation rows from the columns handed over" in log) == (in_memory_mb == 1)
+    assert handed.metrics == parsed.metrics and handed.metrics["city_examples"] > 5000
+    for ours, theirs in zip(handed.model.get_weights(), parsed.model.get_weights()):
+        np.testing.assert_array_equal(ours, theirs)

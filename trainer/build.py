@@ -16,15 +16,16 @@ import keras
 import tensorflow as tf
 
 from serving.signature_names import signature_name, signature_names_of
-from trainer import holdout, optimization
+from trainer import handover, holdout, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
                               resolve_image_shapes)
 from trainer.flops import count_flops
 from trainer.heads import CLASSIFICATION, Head
-from trainer.inputs import (MARKED, column_batches, columns_dataset, count_rows, eval_dataset, load_in_memory, make_dataset,
-                            parsed_batches, split_marked, training_stream)
+from trainer.inputs import (MARKED, column_batches, columns_dataset, count_picked, count_rows, eval_dataset,
+                            handed_over_batches, handed_over_dataset, load_in_memory, make_dataset, parsed_batches,
+                            split_marked, training_stream)
 from trainer.model import (
     ModelContext,
     build_models,
@@ -191,19 +192,38 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, col
             raise ValueError(f"label column '{name}' is not in the data; columns are {sorted(all_kinds)}")
     metric, patience = _selection_settings(config, module, labels, label)
     fraction = config.validation_fraction if metric is not None else 0.0
-    # A split that fits in memory is parsed once (or taken from the columns handed over with its
-    # records): the hold-out's count, the statistics, the training stream and the validation rows share it.
-    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction, columns_dirs)
+    # The columns handed over with the split's records, where they are there: read instead of its
+    # records, whether the split is held in memory or streamed.
+    handed = handover.columns_file(columns_dirs, train_pattern, all_kinds, buckets=bool(fraction))
+    # A split that fits in memory is parsed once (or taken from those columns): the hold-out's
+    # count, the statistics, the training stream and the validation rows share it.
+    columns, validation, held_out = _in_memory(config, train_pattern, all_kinds, fraction, handed)
     if held_out is None:  # not decided there (streamed: the held-out rows are counted in a pass of their own)
-        held_out = _held_out_fraction(config, train_pattern) if metric is not None else 0.0
-    rows = partial(holdout.training_rows, fraction=held_out) if held_out else None
+        held_out = _held_out_fraction(config, train_pattern, handed) if metric is not None else 0.0
     label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
-    batches = column_batches(columns) if columns is not None else parsed_batches(train_pattern, all_kinds, rows=rows)
+    batches = _training_batches(train_pattern, all_kinds, columns, handed, held_out)
     stats = compute_stats(batches, all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
     return {"all_kinds": all_kinds, "module": module, "columns": columns, "validation": validation, "stats": stats, "heads": heads,
-            "ctx": ModelContext(inputs, stats, heads), "metric": metric, "patience": patience, "held_out": held_out}
+            "ctx": ModelContext(inputs, stats, heads), "metric": metric, "patience": patience, "held_out": held_out,
+            "handed": handed}
+
+
+def _training_batches(train_pattern: str, all_kinds: FeatureKinds, columns, handed: str | None, held_out: float):
+    """The training rows in batches, for their statistics: from the held columns, else from the
+    handed-over ones (`handed`), else parsed from the records."""
+    if columns is not None:
+        return column_batches(columns)
+    if handed is not None:
+        log.info("training split streamed; its statistics, hold-out count and validation rows from the columns "
+                 "handed over with its records")
+        return handed_over_batches(handed, all_kinds, partial(_not_held_out, fraction=held_out) if held_out else None)
+    return parsed_batches(train_pattern, all_kinds, rows=partial(holdout.training_rows, fraction=held_out) if held_out else None)
+
+
+def _not_held_out(buckets: tf.Tensor, fraction: float) -> tf.Tensor:
+    return tf.logical_not(holdout.held_out_buckets(buckets, fraction))
 
 
 def _selection_settings(config: TrainerConfig, module, labels: list[str], label: str) -> tuple[str | None, int | None]:
@@ -216,12 +236,12 @@ def _selection_settings(config: TrainerConfig, module, labels: list[str], label:
 
 
 def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKinds, fraction: float,
-               columns_dirs: Sequence[str]):
+               handed: str | None):
     """(training columns, validation columns, fraction held out) when the train split is held in
     memory, its held-out rows sorted out in the same read; the columns None when it is streamed,
     the fraction None when nothing was to be held out or the split is streamed."""
     columns = load_in_memory(train_pattern, all_kinds, config.input, config.batch_size, held_out=fraction,
-                             columns_dirs=columns_dirs)
+                             columns_file=handed)
     if columns is None or not fraction:
         return columns, None, None
     training, validation = split_marked(columns)
@@ -235,10 +255,15 @@ def _in_memory(config: TrainerConfig, train_pattern: str, all_kinds: FeatureKind
     return training, validation, held_out
 
 
-def _held_out_fraction(config: TrainerConfig, train_pattern: str) -> float:
-    """trainer.validation_fraction when it holds out enough rows (holdout.MIN_ROWS), else 0 (logged)."""
+def _held_out_fraction(config: TrainerConfig, train_pattern: str, handed: str | None) -> float:
+    """trainer.validation_fraction when it holds out enough rows (holdout.MIN_ROWS), else 0 (logged);
+    counted from the handed-over columns' buckets where they are there (`handed`)."""
     fraction = config.validation_fraction
-    return _held_out(config, count_rows(train_pattern, partial(holdout.validation_rows, fraction=fraction)) if fraction else 0)
+    if not fraction:
+        return _held_out(config, 0)
+    if handed is not None:
+        return _held_out(config, count_picked(handed, partial(holdout.held_out_buckets, fraction=fraction)))
+    return _held_out(config, count_rows(train_pattern, partial(holdout.validation_rows, fraction=fraction)))
 
 
 def _held_out(config: TrainerConfig, held: int) -> float:
@@ -332,6 +357,9 @@ def _datasets(config, module, strategy, model, data, train_pattern, eval_pattern
         selection_data = eval_data
     elif data["validation"] is not None:  # held in memory with the training rows
         selection_data = columns_dataset(data["validation"], heads, batch, config.input)
+    elif data["handed"] is not None:  # streamed: the validation rows of the handed-over columns
+        selection_data = handed_over_dataset(data["handed"], all_kinds, heads, batch, evaluated,
+                                             pick=partial(holdout.held_out_buckets, fraction=held_out))
     else:
         selection_data = make_dataset(train_pattern, all_kinds, heads, batch, evaluated,
                                       rows=partial(holdout.validation_rows, fraction=held_out))

@@ -193,19 +193,19 @@ def _rows(columns) -> int:
 
 
 def load_in_memory(file_pattern: str, kinds: FeatureKinds, config: InputConfig, batch_size: int,
-                   rows: Rows = None, held_out: float = 0.0, columns_dirs: Sequence[str] = ()
+                   rows: Rows = None, held_out: float = 0.0, columns_file: str | None = None
                    ) -> dict[str, tf.Tensor] | None:
     """The training split (its `rows`) parsed once (`parsed_columns`) when it fits
     `config.in_memory_mb` and holds a batch; None when it is to be streamed. Logs which, and why.
     `held_out`: a fraction whose validation rows (trainer.holdout) are marked in the column MARKED.
-    The columns handed over with the split's records in one of `columns_dirs` (trainer.handover)
-    are taken instead of a parse of all its rows where they are there: the same tensors, the same marks."""
+    The columns handed over with the split's records (`columns_file`: trainer.handover.columns_file's
+    answer, with the buckets where `held_out`) are taken instead of a parse of all its rows where
+    they are there: the same tensors, the same marks."""
     if not config.in_memory_mb:
         log.info("training split streamed from its records (trainer.input.in_memory_mb=0)")
         return None
     max_bytes = config.in_memory_mb * 2**20
-    columns_file = None if rows is not None else handover.columns_file(columns_dirs, file_pattern, kinds,
-                                                                       buckets=bool(held_out))
+    columns_file = columns_file if rows is None else None
     if columns_file is not None:
         columns = _handed_over_columns(columns_file, kinds, max_bytes,
                                        partial(holdout.held_out_buckets, fraction=held_out) if held_out else None)
@@ -403,25 +403,57 @@ def make_dataset(
 def eval_dataset(file_pattern: str, kinds: FeatureKinds, heads: list[Head], batch_size: int,
                  config: InputConfig | None = None, columns_dirs: Sequence[str] = ()) -> tf.data.Dataset:
     """make_dataset's pass over a whole split, from the columns handed over with its records in
-    one of `columns_dirs` (trainer.handover) where they are there: the same batches in the same
-    order, converted block by block instead of parsed, so memory holds a block at a time."""
+    one of `columns_dirs` (trainer.handover) where they are there (`handed_over_dataset`)."""
     path = handover.columns_file(columns_dirs, file_pattern, kinds)
     if path is None:
         return make_dataset(file_pattern, kinds, heads, batch_size, config)
     log.info("eval split %s: its columns handed over", file_pattern)
+    return handed_over_dataset(path, kinds, heads, batch_size, config)
+
+
+def handed_over_dataset(path: str, kinds: FeatureKinds, heads: list[Head], batch_size: int,
+                        config: InputConfig | None = None, pick: Rows = None) -> tf.data.Dataset:
+    """make_dataset's batches from the columns handed over in `path` (handover.columns_file), the
+    same batches in the same order, converted block by block instead of parsed, so memory holds a
+    block at a time. `pick`: the rows taken, a bool per row of a block's hold-out buckets (as
+    trainer.holdout.held_out_buckets answers); None: all."""
     split_labels = _label_splitter(heads)
     # The generator hands NumPy arrays over (tf.data converts a text tensor's every value to a
     # Python object and back); the tensors are made in the map, in parallel.
     def blocks():
-        return (handover.block_arrays(block, kinds) for block in handover.read_blocks(path))
+        for block in handover.read_blocks(path):
+            arrays = handover.block_arrays(block, kinds)
+            yield (arrays, block.column(handover.BUCKET).to_numpy()) if pick is not None else arrays
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
-    def batch(arrays):
-        return split_labels(handover.column_tensors(arrays, kinds))
+    def batch(arrays, buckets=None):
+        columns = handover.column_tensors(arrays, kinds)
+        if pick is not None:
+            picked = pick(tf.cast(buckets, tf.int64))
+            columns = {name: tf.boolean_mask(column, picked) for name, column in columns.items()}
+        return split_labels(columns)
 
-    dataset = tf.data.Dataset.from_generator(blocks, output_signature=handover.arrays_spec(kinds))
+    spec = handover.arrays_spec(kinds)
+    spec = (spec, tf.TensorSpec([None], tf.int16)) if pick is not None else spec
+    dataset = tf.data.Dataset.from_generator(blocks, output_signature=spec)
     dataset = dataset.map(batch, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
     return read_once(_finish(dataset, config or InputConfig()))
+
+
+def handed_over_batches(path: str, kinds: FeatureKinds, pick: Rows = None) -> Iterator[dict[str, tf.Tensor]]:
+    """The columns handed over in `path` block by block, as tensors (for statistics, as
+    `column_batches`); `pick` as in handed_over_dataset."""
+    for block in handover.read_blocks(path):
+        columns = handover.to_columns(block, kinds)
+        if pick is not None:
+            picked = pick(handover.buckets(block))
+            columns = {name: tf.boolean_mask(column, picked) for name, column in columns.items()}
+        yield columns
+
+
+def count_picked(path: str, pick: Rows) -> int:
+    """How many rows of the columns handed over in `path` `pick` takes (as count_rows counts records)."""
+    return sum(int(tf.math.count_nonzero(pick(handover.buckets(block)))) for block in handover.read_blocks(path))
 
 
 def parsed_batches(file_pattern: str, kinds: FeatureKinds, batch_size: int = 1024, rows: Rows = None):
