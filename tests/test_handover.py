@@ -2,8 +2,11 @@
 parse from those records, and are taken only for the very file they were written with."""
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import subprocess
+import sys
 from functools import partial
 
 import numpy as np
@@ -13,7 +16,7 @@ from tfx.types import artifact_utils
 
 from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
 from ingestion import csv_records
-from tests.conftest import mixed_csv, run_csv_example_gen
+from tests.conftest import REPO, mixed_csv, run_csv_example_gen, subprocess_env
 from trainer import handover
 from trainer.config import InputConfig
 from trainer.features import compute_stats, infer_feature_kinds
@@ -247,4 +250,27 @@ def test_a_trainer_given_the_columns_trains_and_evaluates_as_on_the_records(exam
     assert ("statistics, hold-out count and validation rows from the columns handed over" in log) == (in_memory_mb == 1)
     assert handed.metrics == parsed.metrics and handed.metrics["city_examples"] > 5000
     for ours, theirs in zip(handed.model.get_weights(), parsed.model.get_weights()):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("in_memory_mb", [512, 1], ids=["held", "streamed"])
+def test_the_columns_train_as_the_records_across_two_replicas(examples, tmp_path, in_memory_mb):
+    """Under MirroredStrategy (two logical CPUs, a process of its own) the handed-over columns'
+    datasets are distributed as the records' are: the same weights and final metrics."""
+    out = tmp_path / "runs.npz"
+    args = [sys.executable, "-m", "tests.handover_worker", split_pattern(examples, TRAIN_SPLIT),
+            split_pattern(examples, EVAL_SPLIT), "city", json.dumps(_kinds(examples)), json.dumps(_folders(examples)),
+            str(in_memory_mb), str(out)]
+    done = subprocess.run(args, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "its columns handed over" in done.stderr
+    assert ("validation rows from the columns handed over" in done.stderr) == (in_memory_mb == 1)
+    runs = np.load(out)
+    handed, parsed = json.loads(str(runs["metrics"]))
+    assert int(runs["replicas"]) == 2
+    assert handed == parsed and handed["city_examples"] > 5000
+    weights = [runs[f"arr_{i}"] for i in range(len(runs.files) - 2)]
+    half = len(weights) // 2
+    assert half > 0
+    for ours, theirs in zip(weights[:half], weights[half:]):
         np.testing.assert_array_equal(ours, theirs)
