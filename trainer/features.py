@@ -344,6 +344,8 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
         total += size
         for name, kind in kinds.items():
             column = batch[name]
+            # A text column that is also a classification label is counted once for both.
+            distinct = _distinct_counts(column) if not is_number(kind) or name in class_counts else None
             if is_number(kind):
                 rows = np.asarray(column).reshape(size, -1)
                 values = rows.reshape(-1)
@@ -355,13 +357,13 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
                 values_seen[name] += ok.size
                 present[name] += int(np.isfinite(rows).any(axis=1).sum())
             else:
-                for value, n in _distinct_counts(column):
+                for value, n in distinct:
                     if value:
                         text = value.decode() if isinstance(value, bytes) else str(value)
                         counts[name][text] = counts[name].get(text, 0) + n
                 present[name] += _rows_with_text(column, size)
             if name in class_counts:
-                for value, n in _distinct_counts(column):
+                for value, n in distinct:
                     try:
                         text = class_name(value)
                     except ValueError as exc:
