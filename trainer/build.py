@@ -218,12 +218,9 @@ def _training_batches(train_pattern: str, all_kinds: FeatureKinds, columns, hand
     if handed is not None:
         log.info("training split streamed; its statistics, hold-out count and validation rows from the columns "
                  "handed over with its records")
-        return handed_over_batches(handed, all_kinds, partial(_not_held_out, fraction=held_out) if held_out else None)
+        return handed_over_batches(handed, all_kinds,
+                                   partial(holdout.training_buckets, fraction=held_out) if held_out else None)
     return parsed_batches(train_pattern, all_kinds, rows=partial(holdout.training_rows, fraction=held_out) if held_out else None)
-
-
-def _not_held_out(buckets: tf.Tensor, fraction: float) -> tf.Tensor:
-    return tf.logical_not(holdout.held_out_buckets(buckets, fraction))
 
 
 def _selection_settings(config: TrainerConfig, module, labels: list[str], label: str) -> tuple[str | None, int | None]:

@@ -36,9 +36,14 @@ def held_out_buckets(buckets: tf.Tensor, fraction: float) -> tf.Tensor:
     return buckets < int(round(fraction * BUCKETS))
 
 
+def training_buckets(buckets: tf.Tensor, fraction: float) -> tf.Tensor:
+    """Whether each record (by its kept bucket) is trained on: not `held_out_buckets`."""
+    return tf.logical_not(held_out_buckets(buckets, fraction))
+
+
 def training_rows(serialized: tf.Tensor, fraction: float) -> tf.Tensor:
     """The records of a `[n]` batch that are trained on."""
-    return tf.boolean_mask(serialized, tf.logical_not(held_out(serialized, fraction)))
+    return tf.boolean_mask(serialized, training_buckets(bucket(serialized), fraction))
 
 
 def validation_rows(serialized: tf.Tensor, fraction: float) -> tf.Tensor:
