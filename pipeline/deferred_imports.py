@@ -13,7 +13,9 @@ progress bar (ipywidgets and IPython): about 1.8 CPU seconds of `loopline run`, 
 are loopline's own. MLflow's import runs its AI gateway's package (FastAPI with it) for a module of
 constants its GenAI judges read, Beam asks IPython for its shell at every transform it applies,
 answered here without running IPython (_get_ipython), and Beam's I/O modules import Google
-Cloud's BigQuery, Pub/Sub and Dataflow clients: about 0.7 CPU seconds more.
+Cloud's BigQuery, Pub/Sub and Dataflow clients: about 0.7 CPU seconds more. TFX's artifact
+classes import setuptools (and with it pkg_resources) when the first one is made, only to learn
+whether all of TFX is installed: 0.1 CPU seconds of `loopline run`, which never uses setuptools.
 
 Before TensorFlow loads, each of DEFERRED is put in sys.modules as the module the import system
 would make, whose code runs the first time one of its attributes is read; a package's submodule
@@ -38,7 +40,9 @@ DEFERRED = ("IPython", "keras.wrappers", "matplotlib.pyplot", "tfx.components", 
             # Google Cloud's clients, which Beam imports for its BigQuery, Pub/Sub and Dataflow I/O
             # and uses only when a pipeline reads or writes there
             "google.cloud.bigquery", "google.cloud.bigquery_storage_v1", "google.cloud.pubsub",
-            "google.cloud.dataflow")
+            "google.cloud.dataflow",
+            # imported, never used, by TFX's artifact classes (tfx.types.standard_artifacts)
+            "setuptools")
 
 # One thread runs a module's code, the others wait for it; re-entrant, as that code may read the
 # module's own attributes while it runs (those not set yet are missing, as in any import).

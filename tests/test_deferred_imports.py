@@ -178,16 +178,18 @@ def test_tensorflow_loads_without_sklearn_pyplot_and_ipython_which_still_work(tm
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3])
         fig.savefig({str(tmp_path / "chart.png")!r})
+        import setuptools  # what a user's module may still use
+        setuptools_ok = callable(setuptools.setup) and type(setuptools) is type(sys)
         from IPython import InteractiveShell  # runs IPython
         ipython_ok = "get_ipython" in vars(sys.modules["IPython"]) and InteractiveShell.initialized() is False
         print(json.dumps({{"deferred": deferred, "tensorflow": tf.__version__, "after_import": after_import,
                           "wrapper_ok": wrapper_ok, "pyplot_is_module": matplotlib.pyplot is plt,
-                          "ipython_ok": ipython_ok}}))
+                          "ipython_ok": ipython_ok, "setuptools_ok": setuptools_ok}}))
     """
     result = run_python(script)
     assert result["deferred"] == list(DEFERRED)  # each installed, none imported before
     assert result["after_import"] == {"sklearn": False, "pyplot_ran": False, "ipython_ran": False}
-    assert result["ipython_ok"]
+    assert result["ipython_ok"] and result["setuptools_ok"]
     assert result["wrapper_ok"] and result["pyplot_is_module"]
     assert (tmp_path / "chart.png").stat().st_size > 1000
 
@@ -279,8 +281,9 @@ def test_client_commands_answer_without_running_tensorflow(pipeline_run):
 def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
     """`loopline run` as its own process: TFX's runner gets TensorFlow Model Analysis' config
     messages (its `sdk` module) without the package, `tfx.components` is never run, nor tqdm's
-    notebook bar (Beam's BigQuery client), IPython (Beam asks for its shell at every transform) or
-    MLflow's gateway; the run trains, pushes and registers as usual."""
+    notebook bar (Beam's BigQuery client), IPython (Beam asks for its shell at every transform),
+    MLflow's gateway or setuptools (TFX's artifact classes); the run trains, pushes and registers
+    as usual."""
     result = run_command("run", "--config", str(REPO / "loopline.yaml"), "--set", f"pipeline.root={tmp_path / 'root'}",
                          "--set", "trainer.epochs=1", checks={
                              "model_analysis_ran": 'ran("tensorflow_model_analysis", "evaluators")',
@@ -288,7 +291,7 @@ def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
                              "tfx_components_ran": 'ran("tfx.components", "Evaluator")',
                              "ipython_ran": 'ran("IPython", "embed")', "gateway_ran": 'ran("mlflow.gateway", "get_gateway_uri")',
                              "sklearn": '"sklearn" in sys.modules', "ipywidgets": '"ipywidgets" in sys.modules',
-                             "fastapi": '"fastapi" in sys.modules',
+                             "fastapi": '"fastapi" in sys.modules', "setuptools_ran": 'ran("setuptools", "setup")',
                              "google_cloud_ran": '[ran(f"google.cloud.{n}", a) for n, a in (("bigquery", "Client"), '
                                                  '("bigquery_storage_v1", "BigQueryReadClient"), '
                                                  '("pubsub", "PublisherClient"), ("dataflow", "__version__"))]'})
@@ -298,5 +301,6 @@ def test_a_whole_run_never_runs_tfx_components_nor_model_analysis(tmp_path):
     assert not result["sklearn"] and not result["ipywidgets"]  # nor Beam's notebook progress bar
     assert (result["ipython_ran"], result["gateway_ran"], result["fastapi"]) == (False, False, False)
     assert result["google_cloud_ran"] == [False] * 4  # Beam's Google Cloud clients
+    assert result["setuptools_ran"] is False  # imported by TFX's artifact classes, never used
     assert "loopline run finished" in result["lines"]
     assert any(line.startswith("pushed") for line in result["lines"]), result["lines"]
