@@ -183,8 +183,12 @@ def split_marked(columns: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], d
     """parsed_columns' rows `mark` did not pick and the rows it picked, each in the split's order."""
     marked = columns[MARKED]
     rest = {k: v for k, v in columns.items() if k != MARKED}
-    return ({k: tf.boolean_mask(v, tf.logical_not(marked)) for k, v in rest.items()},
-            {k: tf.boolean_mask(v, marked) for k, v in rest.items()})
+    return _rows_where(rest, tf.logical_not(marked)), _rows_where(rest, marked)
+
+
+def _rows_where(columns: dict[str, tf.Tensor], keep: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The rows of columns where `keep` (a bool per row) is true, in their order."""
+    return {name: tf.boolean_mask(column, keep) for name, column in columns.items()}
 
 
 def _rows(columns) -> int:
@@ -429,8 +433,7 @@ def handed_over_dataset(path: str, kinds: FeatureKinds, heads: list[Head], batch
     def batch(arrays, buckets=None):
         columns = handover.column_tensors(arrays, kinds)
         if pick is not None:
-            picked = pick(tf.cast(buckets, tf.int64))
-            columns = {name: tf.boolean_mask(column, picked) for name, column in columns.items()}
+            columns = _rows_where(columns, pick(tf.cast(buckets, tf.int64)))
         return split_labels(columns)
 
     spec = handover.arrays_spec(kinds)
@@ -446,8 +449,7 @@ def handed_over_batches(path: str, kinds: FeatureKinds, pick: Rows = None) -> It
     for block in handover.read_blocks(path):
         columns = handover.to_columns(block, kinds)
         if pick is not None:
-            picked = pick(handover.buckets(block))
-            columns = {name: tf.boolean_mask(column, picked) for name, column in columns.items()}
+            columns = _rows_where(columns, pick(handover.buckets(block)))
         yield columns
 
 
