@@ -28,6 +28,35 @@ class BatchingConfig(_Section):
         "with RESOURCE_EXHAUSTED (REST: 429).")
 
 
+class LimitsConfig(_Section):
+    """What one request or connection may hold. Requests are checked before their values reach
+    NumPy or TensorFlow; HTTP limits are enforced while the REST request's head is read."""
+
+    max_tensor_rank: int = Field(
+        32, ge=1, le=32, description="The most dimensions one request tensor may have (gRPC and REST); more is "
+        "INVALID_ARGUMENT (REST: 400). 32 is the most NumPy and TensorFlow's Python bridge hand over safely "
+        "(TensorFlow's own limit is 254).")
+    max_string_bytes: int = Field(
+        16 * 1024 * 1024, ge=1, description="The most bytes of string data one request's tensors and examples may "
+        "hold in all, after any base64 decoding; more is RESOURCE_EXHAUSTED (REST: 413).")
+    http_max_header_line_bytes: int = Field(
+        16 * 1024, ge=256, description="The longest REST request line or header line (name and value); longer is "
+        "answered 431 (414 for the request line) and the connection closed.")
+    http_max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="The most bytes of a REST request's head (request line and every header); "
+        "more is answered 431 and the connection closed.")
+    http_max_headers: int = Field(100, ge=1, description="The most header lines in one REST request; more is "
+                                                          "answered 431 and the connection closed.")
+    http_header_timeout_seconds: float = Field(
+        10.0, gt=0, description="Seconds a client has to send a REST request's whole head, from its first byte; "
+        "a slower or endless head is answered 408 and the connection closed.")
+    http_keep_alive_seconds: float = Field(
+        30.0, gt=0, description="Seconds an idle kept-alive REST connection stays open between requests.")
+    http_max_connections: int = Field(
+        1024, ge=1, description="The most REST connections open at once; one more is closed as soon as it is "
+        "accepted (the client may retry).")
+
+
 class ServingConfig(_Section):
     model_name: str = Field("penguins", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description=(
         "The served model's name; pushes go to `<pipeline.root>/serving/<model_name>/<version>/`."))
@@ -69,6 +98,8 @@ class ServingConfig(_Section):
     cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, description=(
         "Pin `loopline serve` to these CPU ids (Linux), e.g. [1] to keep it off the cores its clients use; on one core "
         "its threads hand requests to each other without crossing cores. null: all CPUs."))
+    limits: LimitsConfig = Field(LimitsConfig(), description=(
+        "Request and connection limits, checked before anything reaches the model (docs/serving.md, Limits)."))
     batching: BatchingConfig = Field(BatchingConfig(), description=(
         "Server-side batching of concurrent requests (TF Serving's batching.config)."))
     request_log: RequestLogConfig = Field(RequestLogConfig(), description=(
