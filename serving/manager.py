@@ -25,6 +25,7 @@ from serving.errors import ServingError, invalid, not_found
 from serving.model_config import is_remote, model_config_path, path_is_under, resolved_path
 from serving.options import ServerOptions
 from serving.request_log import OFF
+from serving.request_limits import RequestLimits
 from serving.servable import Servable, graph_error
 from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
@@ -46,12 +47,12 @@ class ModelState:
     failed: dict[int, Failure] = field(default_factory=dict)
 
 
-def load_servable(name: str, version: int, path: str, config: ServingConfig, max_elements: int, metrics=None,
+def load_servable(name: str, version: int, path: str, config: ServingConfig, limits: RequestLimits, metrics=None,
                   options: ServerOptions | None = None) -> Servable:
     """Loads a version and replays its warmup requests (serving.warmup); raises with the reason
     when either fails, leaving nothing loaded."""
     options = options or ServerOptions()
-    servable = Servable(name, version, path, config.batching, max_elements, config.intra_op_threads,
+    servable = Servable(name, version, path, config.batching, limits, config.intra_op_threads,
                         options.saved_model_tags)
     if config.warmup:
         try:
@@ -98,7 +99,7 @@ class ModelManager:
         self._operator_paths: list[str] = []  # the base paths of the operator's config
         self.source = StoragePathSource(options.models_config, self.apply_operator_config, self.reconcile,
                                         options.config_poll_seconds, options.version_poll_seconds, options.model_config)
-        self.max_elements = max(1, config.max_request_bytes)  # no element is smaller than a byte
+        self.limits = RequestLimits.of(config, self.options.tf_serving_rules)
         self.request_log = OFF  # the server's serving.request_log.RequestLog; the API code logs answers to it
 
     # -- configuration -------------------------------------------------------------------------
@@ -218,7 +219,7 @@ class ModelManager:
                 continue
             fingerprint = folder_fingerprint(path)
             try:
-                servable = load_servable(name, version, path, self.config, self.max_elements, self.metrics, self.options)
+                servable = load_servable(name, version, path, self.config, self.limits, self.metrics, self.options)
             except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
                 failure = as_failure(exc, fingerprint)
                 with self._lock:  # status() reads it under the lock

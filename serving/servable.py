@@ -15,6 +15,7 @@ from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid, not_found
 from serving.model_config import saved_model_file
+from serving.request_limits import RequestLimits
 from serving.signature_call import SERVE_TAGS, SignatureCallers, read_signature_defs
 from serving.tensors import dtype_name
 
@@ -43,10 +44,10 @@ _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class Servable:
-    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, max_elements: int,
+    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, limits: RequestLimits,
                  intra_op_threads: int = 0, tags=SERVE_TAGS):
         self.name, self.version, self.path = name, version, path
-        self.max_elements = max_elements
+        self.limits = limits  # what one request's tensors may be (serving/request_limits.py)
         check_version_dir(path)
         # Every SignatureDef, as GetModelMetadata lists them; the callable ones (not `__...`).
         self.all_signature_defs = read_signature_defs(path, tags)
