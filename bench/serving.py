@@ -147,9 +147,10 @@ def in_process(saved_model: Path) -> dict:
 def in_process_session(saved_model: Path) -> dict:
     """The server's own way of calling the model (a Session callable, serving/signature_call.py),
     in process at 1 client: what is left of our overhead once the model call costs the same."""
+    from serving.request_limits import RequestLimits
     from serving.servable import Servable
 
-    servable = Servable("penguins", 1, str(saved_model), None, 10**6)
+    servable = Servable("penguins", 1, str(saved_model), None, RequestLimits())
     inputs = row_arrays()
     try:
         return {"c1": measure(lambda: servable.run("predict_raw", inputs), 1)}
@@ -171,6 +172,7 @@ def handler_parts(serving_root: Path) -> dict:
     from serving.config import ServingConfig
     from serving.grpc_server import PredictionServicer
     from serving.options import ServerOptions
+    from serving.request_limits import RequestLimits
     from serving.server import ModelServer
     from serving.service import predict_on
     from serving.tensors import from_numpy, to_numpy
@@ -196,7 +198,7 @@ def handler_parts(serving_root: Path) -> dict:
         handler = PredictionServicer(server.manager, server.metrics)
         with server.manager.resolve(request.model_spec) as servable:
             def parse():
-                return {alias: to_numpy(request.inputs[alias], alias, 10**6) for alias in request.inputs}
+                return {alias: to_numpy(request.inputs[alias], alias, RequestLimits().budget()) for alias in request.inputs}
 
             arrays = parse()
             outputs = servable.run("predict_raw", arrays)
@@ -380,10 +382,11 @@ def logging_cpu_per_record(serving_root: Path, work: Path, records: int = 20000)
     req/s of a shared machine hides."""
     from serving.request_log import RequestLog
     from serving.request_log_config import RequestLogConfig, write_request_log_file
+    from serving.request_limits import RequestLimits
     from serving.servable import Servable
     from serving.service import predict_on
 
-    servable = Servable("penguins", 1, str(serving_root / "penguins" / "1"), None, 10**6)
+    servable = Servable("penguins", 1, str(serving_root / "penguins" / "1"), None, RequestLimits())
     request = predict_request()
     response = predict_on(servable, request, False)
     servable.unload()

@@ -19,11 +19,12 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from serving import signature_names as names
 from serving.request_log import holds_examples
+from serving.request_limits import RequestLimits
 from serving.tensors import to_numpy
 from trainer.evaluation import evaluation_signature, prediction_key, read_description
 from trainer.heads import CLASSIFICATION, Head
 
-MAX_ELEMENTS = 1 << 40  # logged tensors were checked when they were served
+LOGGED = RequestLimits(max_elements=1 << 40)  # logged tensors were checked when they were served
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _predict_examples(request, model: ServedModel) -> list[example_pb2.Example]:
     for key, tensor in request.inputs.items():
         if holds_examples(key, tensor) and key not in model.column_of:
             return [example_pb2.Example.FromString(v) for v in tensor.string_val]
-    arrays = {key: to_numpy(tensor, key, MAX_ELEMENTS) for key, tensor in request.inputs.items()}
+    arrays = {key: to_numpy(tensor, key, LOGGED.budget()) for key, tensor in request.inputs.items()}
     rows = min((len(a) for a in arrays.values()), default=0)
     examples = [example_pb2.Example() for _ in range(rows)]
     for key, array in arrays.items():
@@ -161,6 +162,6 @@ def _predict_answer(response, model: ServedModel) -> dict[str, np.ndarray]:
     for head in model.heads:
         key = keys.get(head.name)
         if key in response.outputs:
-            array = to_numpy(response.outputs[key], key, MAX_ELEMENTS).astype(np.float32)
+            array = to_numpy(response.outputs[key], key, LOGGED.budget()).astype(np.float32)
             out[head.name] = array.reshape(len(array), -1)
     return out

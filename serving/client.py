@@ -15,6 +15,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 
 from ingestion.csv_options import CsvOptions, parse_header, undecodable
 from serving import signature_names as names
+from serving.request_limits import RequestLimits
 from serving.tensors import from_numpy, to_numpy
 
 RAW_SIGNATURE = names.PREDICT_RAW
@@ -153,7 +154,8 @@ class GrpcClient:
         for name, array in columns.items():
             from_numpy(array, request.inputs[name])
         response = self.stub.Predict(request, timeout=self.timeout)
-        return {k: to_numpy(v, k, 1 << 30) for k, v in response.outputs.items()}
+        answers = RequestLimits(max_elements=1 << 30).budget()  # the server's answer, read as it is
+        return {k: to_numpy(v, k, answers) for k, v in response.outputs.items()}
 
     def close(self):
         self.channel.close()

@@ -36,9 +36,15 @@ class LimitsConfig(_Section):
         32, ge=1, le=32, description="The most dimensions one request tensor may have (gRPC and REST); more is "
         "INVALID_ARGUMENT (REST: 400). 32 is the most NumPy and TensorFlow's Python bridge hand over safely "
         "(TensorFlow's own limit is 254).")
-    max_string_bytes: int = Field(
-        16 * 1024 * 1024, ge=1, description="The most bytes of string data one request's tensors and examples may "
-        "hold in all, after any base64 decoding; more is RESOURCE_EXHAUSTED (REST: 413).")
+    max_request_elements: int = Field(
+        16 * 1024 * 1024, ge=1, description="The most values (numbers or strings) all of one request's tensors may "
+        "hold together, counted from their shapes before any value is decoded (REST: counted from the body's "
+        "commas before it is parsed); more is RESOURCE_EXHAUSTED (REST: 413). TF Serving has no such limit: its "
+        "tensors are C++ arrays, where each string here is a Python object.")
+    check_signature_shapes: bool | None = Field(
+        None, description="Whether a request tensor's rank and known dimensions must match the signature's "
+        "TensorSpec (INVALID_ARGUMENT, naming both, before the model runs). null: checked in loopline's start mode; "
+        "not under TF Serving's flags, where, as in TF Serving, the model's own ops refuse what they cannot compute.")
     http_max_header_line_bytes: int = Field(
         16 * 1024, ge=256, description="The longest REST request line or header line (name and value); longer is "
         "answered 431 (414 for the request line) and the connection closed.")

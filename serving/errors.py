@@ -25,18 +25,26 @@ HTTP_STATUS = {
 
 
 class ServingError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, http_status: int | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
+        self._http_status = http_status
 
     @property
     def http_status(self) -> int:
-        return HTTP_STATUS.get(self.code, 500)
+        """TF Serving's status for the code, unless the error names its own."""
+        return self._http_status or HTTP_STATUS.get(self.code, 500)
 
 
 def invalid(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def too_large(message: str) -> ServingError:
+    """A request over a size limit: RESOURCE_EXHAUSTED, and over REST 413 rather than the 429 TF
+    Serving's table gives the code (which it uses for a full batching queue)."""
+    return ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, message, http_status=413)
 
 
 def not_found(message: str) -> ServingError:

@@ -11,9 +11,10 @@ one batch.
 What is served is what loopline serves: unary-unary methods (all of TF Serving's), from generic
 handlers (the generated `add_*_to_server` functions register those). The answers follow grpcio's
 own server: an unknown method is UNIMPLEMENTED "Method not found!", a handler lookup that raises
-UNKNOWN "Error in service handler!", a request that cannot be
-parsed INTERNAL "Exception deserializing request!", a handler's exception UNKNOWN "Exception
-calling application: ...", `context.abort` the code and details given. grpcio's core module is not
+UNKNOWN "Error in service handler!", a handler's exception UNKNOWN "Exception calling
+application: ...", `context.abort` the code and details given. One answer is not grpcio's: a
+request message that cannot be parsed is the client's error, INVALID_ARGUMENT (grpcio and gRPC
+C++ say INTERNAL). grpcio's core module is not
 public API: where it is not there, `make_server` returns the stock server. Calls beyond those
 running wait in gRPC core's queue of pending requests; over its limits (1000 and 3000 by default)
 core refuses them and the client sees CANCELLED.
@@ -252,9 +253,8 @@ class InlineServer:
             return
         try:
             request = handler.request_deserializer(message) if handler.request_deserializer else message
-        except Exception:  # noqa: BLE001 - the client's bytes
-            log.exception("Exception deserializing request!")
-            self._finish(call, None, grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+        except Exception as exc:  # noqa: BLE001 - the client's bytes: its error, not the server's
+            self._finish(call, None, grpc.StatusCode.INVALID_ARGUMENT, f"The request message cannot be parsed: {exc}")
             return
         context, payload = _Context(call_event), None
         try:

@@ -27,6 +27,7 @@ from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import types_pb2
 
 from serving.errors import ServingError, invalid
+from serving.request_limits import ElementBudget, over_the_element_limit
 
 _B64 = "b64"
 _DEBUG_BYTES = 256  # json_tensor.cc's kMaxJsonDebugStringBytes
@@ -113,13 +114,16 @@ def _deeper_than(doc, limit: int) -> bool:
     return False
 
 
-def parse_body(body: bytes) -> dict:
+def parse_body(body: bytes, max_values: int) -> dict:
     """ParseJson: a non-empty JSON object, read as TF Serving's RapidJSON flags read it (a UTF-8 BOM
     skipped, NaN and Infinity taken, whatever follows the document ignored). Beyond its rules,
     loopline's own, all 400 and never 500: invalid UTF-8, a lone surrogate escape, and nesting over
-    MAX_DEPTH levels."""
+    MAX_DEPTH levels; and 413 for a body with more than `max_values` commas (no fewer values than
+    commas, less one), counted before the body is parsed into Python objects."""
     if not body:
         raise invalid("JSON Parse error: The document is empty")
+    if body.count(b",") >= max_values:
+        raise over_the_element_limit("the JSON body holds", max_values)
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -232,15 +236,16 @@ def _array(values: list, shape: list[int], dtype: int) -> np.ndarray:
     return np.array(values, dtype=numpy_type).reshape(shape)
 
 
-def tensor(value, dtype: int) -> np.ndarray:
-    """One JSON value (scalar or nested list) as an array of `dtype`."""
+def tensor(value, dtype: int, name: str, budget: ElementBudget) -> np.ndarray:
+    """One JSON value (scalar or nested list) as an array of `dtype`, its shape within the limits."""
     shape = _shape(value)
+    budget.take(name, shape)
     values: list = []
     _fill(value, 0, shape, dtype, values)
     return _array(values, shape, dtype)
 
 
-def _instances(rows: list, input_dtypes: dict[str, int]) -> dict[str, np.ndarray]:
+def _instances(rows: list, input_dtypes: dict[str, int], budget: ElementBudget) -> dict[str, np.ndarray]:
     """FillTensorMapFromInstancesList: one item per row, stacked on a new first dimension."""
     first = rows[0]
     if not isinstance(first, dict) and len(input_dtypes) > 1:
@@ -255,6 +260,7 @@ def _instances(rows: list, input_dtypes: dict[str, int]) -> dict[str, np.ndarray
         if name not in input_dtypes:
             raise invalid(f"JSON object: does not have named input: {name}")
         shape = _shape(item)
+        budget.check_rank(name, len(shape) + 1)  # the rows' dimension comes first
         out: list = []
         _fill(item, 0, shape, input_dtypes[name], out)
         if name not in shapes:
@@ -286,28 +292,32 @@ def _instances(rows: list, input_dtypes: dict[str, int]) -> dict[str, np.ndarray
             except Exception as exc:
                 raise invalid(f"Failed to process element: {index} of 'instances' list. "
                               f"Error: INVALID_ARGUMENT: {getattr(exc, 'message', exc)}") from None
+    for name in values:
+        budget.take(name, [len(rows), *shapes[name]])
     return {name: _array(values[name], [len(rows), *shapes[name]], input_dtypes[name]) for name in values}
 
 
-def _inputs(value, input_dtypes: dict[str, int]) -> dict[str, np.ndarray]:
+def _inputs(value, input_dtypes: dict[str, int], budget: ElementBudget) -> dict[str, np.ndarray]:
     """FillTensorMapFromInputsMap: the tensor itself (one input), or an object of them."""
     if not isinstance(value, dict) or _is_b64(value):
         if len(input_dtypes) > 1:
             raise invalid("inputs is a plain value/list, but expecting an object as multiple input tensors required as "
                           "per tensorinfo_map")
         name = next(iter(input_dtypes))
-        return {name: tensor(value, input_dtypes[name])}
+        return {name: tensor(value, input_dtypes[name], name, budget)}
     out = {}
     for name in sorted(input_dtypes):
         if name not in value:
             raise invalid(f"Missing named input: {name} in 'inputs' object.")
-        out[name] = tensor(value[name], input_dtypes[name])
+        out[name] = tensor(value[name], input_dtypes[name], name, budget)
     return out
 
 
-def predict_inputs(doc: dict, input_dtypes: dict[str, int], signature: str) -> tuple[dict[str, np.ndarray], bool]:
+def predict_inputs(doc: dict, input_dtypes: dict[str, int], signature: str,
+                   budget: ElementBudget) -> tuple[dict[str, np.ndarray], bool]:
     """FillPredictRequestFromJson: (named input arrays, row format?). `input_dtypes`: the
-    signature's inputs and their DataType enums."""
+    signature's inputs and their DataType enums; `budget`: the request's limits, checked on each
+    tensor's shape before its values are converted."""
     if not input_dtypes:
         raise invalid(f"Failed to get input map for signature: {signature or 'DEFAULT'}")
     has_instances, has_inputs = "instances" in doc, "inputs" in doc
@@ -319,9 +329,9 @@ def predict_inputs(doc: dict, input_dtypes: dict[str, int], signature: str) -> t
             raise _format_error(doc, "Expecting 'instances' to be an list/array")
         if not rows:
             raise _format_error(doc, "No values in 'instances' array")
-        return _instances(rows, input_dtypes), True
+        return _instances(rows, input_dtypes, budget), True
     if has_inputs:
-        return _inputs(doc["inputs"], input_dtypes), False
+        return _inputs(doc["inputs"], input_dtypes, budget), False
     raise invalid("Missing 'inputs' or 'instances' key")
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
-from serving.errors import ServingError, invalid
+from serving.errors import ServingError, invalid, too_large
 
 
 def _shape_text(shape) -> str:
@@ -45,8 +43,7 @@ class RequestLimits:
 
 
 def over_the_element_limit(what: str, limit: int) -> ServingError:
-    return ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"{what} more than {limit} values, the limit (serving.limits.max_request_elements)")
+    return too_large(f"{what} more than {limit} values, the limit (serving.limits.max_request_elements)")
 
 
 class ElementBudget:

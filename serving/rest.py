@@ -73,10 +73,10 @@ def _input_dtypes(manager: ModelManager, spec, signature_name: str) -> dict[str,
 
 def predict(manager: ModelManager, spec, body: bytes) -> dict:
     """ProcessPredictRequest: JSON -> named arrays -> the Predict API's own path."""
-    doc = json_codec.parse_body(body)
+    doc = json_codec.parse_body(body, manager.limits.max_elements)
     spec.signature_name = json_codec.signature_name(doc)
     inputs, row_format = json_codec.predict_inputs(doc, _input_dtypes(manager, spec, spec.signature_name),
-                                                   spec.signature_name)
+                                                   spec.signature_name, manager.limits.budget())
     with manager.resolve(spec) as servable:
         outputs = service.run_predict(servable, spec.signature_name, inputs, (), manager.method_check)
     manager.request_log.log_predict(spec, servable.version, inputs, outputs)
@@ -85,7 +85,7 @@ def predict(manager: ModelManager, spec, body: bytes) -> dict:
 
 def classify(manager: ModelManager, spec, body: bytes) -> dict:
     request = classification_pb2.ClassificationRequest(model_spec=spec)
-    doc = json_codec.parse_body(body)
+    doc = json_codec.parse_body(body, manager.limits.max_elements)
     request.model_spec.signature_name = json_codec.signature_name(doc)
     json_codec.fill_examples(doc, request.input)
     return json_codec.classify_answer(service.classify(manager, request).result)
@@ -93,7 +93,7 @@ def classify(manager: ModelManager, spec, body: bytes) -> dict:
 
 def regress(manager: ModelManager, spec, body: bytes) -> dict:
     request = regression_pb2.RegressionRequest(model_spec=spec)
-    doc = json_codec.parse_body(body)
+    doc = json_codec.parse_body(body, manager.limits.max_elements)
     request.model_spec.signature_name = json_codec.signature_name(doc)
     json_codec.fill_examples(doc, request.input)
     return json_codec.regress_answer(service.regress(manager, request).result)
@@ -250,16 +250,17 @@ async def _send(send, status: int, body: bytes, content_type: str, close: bool =
     await send({"type": "http.response.body", "body": body})
 
 
-def _http_protocol():
+def _http_protocol(config: ServingConfig):
     """uvicorn's httptools protocol (llhttp, in C) rather than h11's (pure Python): a one-row predict
-    costs the server about a third less CPU. Imported here, so a missing httptools is said at start
-    instead of in the server's thread."""
+    costs the server about a third less CPU. It bounds no request head, so the class served is
+    serving/http_limits.py's subclass with serving.limits' HTTP limits. Imported here, so a missing
+    httptools is said at start instead of in the server's thread."""
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        from serving.http_limits import limited_protocol
     except ImportError as exc:
         raise OSError(f"REST: uvicorn's httptools protocol cannot be imported ({exc}); httptools is in "
                       "requirements.lock (make setup installs it)") from None
-    return HttpToolsProtocol
+    return limited_protocol(config.limits, config.max_request_bytes)
 
 
 class RestServer:
@@ -268,7 +269,7 @@ class RestServer:
     def __init__(self, app: RestApp, host: str, port: int):
         import uvicorn
 
-        protocol = _http_protocol()  # before the socket is bound: nothing to close if it is missing
+        protocol = _http_protocol(app.config)  # before the socket is bound: nothing to close if it is missing
         self.app = app
         # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on TCP sockets it
         # recognises by their protocol, and a kept-alive answer would otherwise wait ~40 ms for an ACK.
@@ -282,7 +283,7 @@ class RestServer:
             raise OSError(f"REST: cannot bind {host}:{port} ({exc.strerror}; set serving.rest_port or --rest-port)") from None
         self.port = self.socket.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=protocol,
-                                loop="asyncio", timeout_keep_alive=30)
+                                loop="asyncio", timeout_keep_alive=app.config.limits.http_keep_alive_seconds)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="rest", daemon=True)
 

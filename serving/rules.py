@@ -18,9 +18,11 @@ from tensorflow_serving.apis import input_pb2
 
 from serving import signature_names as names
 from serving.errors import ServingError, invalid
+from serving.request_limits import ElementBudget
 from serving.tensors import numpy_dtype_enum
 
 _PREDICT_METHODS = (names.PREDICT_METHOD, names.CLASSIFY_METHOD, names.REGRESS_METHOD)
+_MAX_LISTED_INPUTS = 1000
 
 
 def _set(keys) -> str:
@@ -52,7 +54,11 @@ def predict_signature(signature_defs, name: str, method_check: bool):
 
 def check_predict_inputs(signature, request_inputs) -> None:
     """VerifyRequestInputsSize, then GetInputValues' name checks (signature defaults are not
-    supported by TF2 exports: none are read)."""
+    supported by TF2 exports: none are read). Names are listed as TF Serving lists them, unless
+    there are too many to hold as Python strings (a request may carry millions)."""
+    if len(request_inputs) > len(signature.inputs) + _MAX_LISTED_INPUTS:
+        raise invalid(f"input size does not match signature: {len(request_inputs)}!={len(signature.inputs)} "
+                      f"(too many inputs to list; expected {{{_set(signature.inputs)}}})")
     sent, wanted = set(request_inputs), set(signature.inputs)
     if len(sent) > len(wanted) or (len(sent) < len(wanted) and not signature.defaults):
         raise invalid(f"input size does not match signature: {len(sent)}!={len(wanted)} len({{{_set(sent)}}}) != "
@@ -135,20 +141,24 @@ def regression_output(signature, method_check: bool) -> list[str]:
     return [names.OUTPUTS]
 
 
-def serialized_examples(inp: input_pb2.Input) -> np.ndarray:
+def serialized_examples(inp: input_pb2.Input, budget: ElementBudget) -> np.ndarray:
     """InputToSerializedExampleTensor: one string per example; with a context, the context's
-    bytes then the example's (parsed as one message, the example's features win)."""
+    bytes then the example's (parsed as one message, the example's features win). The count is
+    taken from the budget before any example is serialized."""
     kind = inp.WhichOneof("kind")
     if kind == "example_list":
-        out = [e.SerializeToString() for e in inp.example_list.examples]
+        examples, prefix = inp.example_list.examples, b""
     elif kind == "example_list_with_context":
-        context = inp.example_list_with_context.context.SerializeToString()
-        out = [context + e.SerializeToString() for e in inp.example_list_with_context.examples]
+        examples = inp.example_list_with_context.examples
+        prefix = inp.example_list_with_context.context.SerializeToString()
     else:
-        out = []
-    if not out:
+        examples, prefix = (), b""
+    if not examples:
         raise invalid("Input is empty.")
-    return np.array(out, dtype=object)
+    budget.take_examples(len(examples))
+    out = np.empty(len(examples), dtype=object)
+    out[:] = [prefix + e.SerializeToString() for e in examples]
+    return out
 
 
 def _shape(array: np.ndarray) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+import grpc
 import numpy as np
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -22,6 +23,7 @@ from tensorflow_serving.apis import (
 from serving import rules
 from serving import signature_names as names
 from serving.errors import ServingError
+from serving.request_limits import check_signature_shapes
 from serving.tensors import from_numpy, to_numpy
 
 
@@ -41,16 +43,22 @@ def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, m
     rules.check_predict_inputs(signature, inputs)
     if parse is not None:  # iterating a proto map by key: its items() view is Python code, several times slower
         inputs = {alias: parse(alias, inputs[alias]) for alias in inputs}
+    if servable.limits.check_shapes:
+        check_signature_shapes(signature, inputs)
     fetch = rules.output_aliases(signature, output_filter)
     return servable.run(rules.signature_key(signature_name), inputs, fetch)
 
 
 def predict_on(servable, request: predict_pb2.PredictRequest, method_check: bool,
                tensor_content: bool = False) -> predict_pb2.PredictResponse:
+    budget = servable.limits.budget()
+
     def parse(alias, proto):
         try:
-            return to_numpy(proto, alias, servable.max_elements)
+            return to_numpy(proto, alias, budget)
         except ServingError as exc:
+            if exc.code != grpc.StatusCode.INVALID_ARGUMENT:  # over a limit: said as it is
+                raise
             raise rules.tensor_parsing_error(alias, exc.message) from None
 
     spec = request.model_spec
@@ -82,7 +90,7 @@ def classify_on(servable, request, method_check: bool) -> classification_pb2.Cla
     name = request.model_spec.signature_name
     signature = rules.examples_signature(servable.signature_defs, name, names.CLASSIFY_METHOD, method_check)
     fetch = rules.classification_outputs(signature, method_check)
-    examples = rules.serialized_examples(request.input)
+    examples = rules.serialized_examples(request.input, servable.limits.budget())
     response = classification_pb2.ClassificationResponse()
     _model_spec(response.model_spec, servable, name)
     rules.classifications(len(examples), _run_examples(servable, name, examples, fetch), response.result)
@@ -94,7 +102,7 @@ def regress_on(servable, request, method_check: bool) -> regression_pb2.Regressi
     name = request.model_spec.signature_name
     signature = rules.examples_signature(servable.signature_defs, name, names.REGRESS_METHOD, method_check)
     fetch = rules.regression_output(signature, method_check)
-    examples = rules.serialized_examples(request.input)
+    examples = rules.serialized_examples(request.input, servable.limits.budget())
     response = regression_pb2.RegressionResponse()
     _model_spec(response.model_spec, servable, name)
     rules.regressions(len(examples), _run_examples(servable, name, examples, fetch), response.result)
@@ -122,7 +130,7 @@ def multi_inference_on(servable, request, method_check: bool) -> inference_pb2.M
     """TensorFlowMultiInferenceRunner::Infer: every task checked first, the examples run once per
     signature, each task's result post-processed."""
     tasks = rules.multi_inference_tasks(servable.signature_defs, request.tasks, method_check)
-    examples = rules.serialized_examples(request.input)
+    examples = rules.serialized_examples(request.input, servable.limits.budget())
     response = inference_pb2.MultiInferenceResponse()
     for task, (key, method) in zip(request.tasks, tasks):
         result = response.results.add()

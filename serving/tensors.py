@@ -1,12 +1,14 @@
 """TensorProto <-> NumPy without going through TensorFlow: `tensor_content` is read and written
-as raw bytes (one copy), and every size is checked before anything is allocated, so a proto
-claiming a huge shape is refused instead of exhausting memory."""
+as raw bytes (one copy), and every size is checked (serving/request_limits.py) before anything is
+allocated, so a proto claiming a huge shape or rank is refused instead of exhausting memory or
+crashing TensorFlow's Python bridge."""
 from __future__ import annotations
 
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from serving.errors import invalid
+from serving.request_limits import ElementBudget
 
 # dtype enum -> (numpy dtype, the repeated *_val field holding values when tensor_content is empty)
 _DTYPES = {
@@ -30,19 +32,15 @@ def dtype_name(dtype_enum: int) -> str:
         return f"dtype#{dtype_enum}"
 
 
-def to_numpy(proto: tensor_pb2.TensorProto, name: str, max_elements: int) -> np.ndarray:
-    """The array a TensorProto describes; INVALID_ARGUMENT naming `name` when it is malformed."""
+def to_numpy(proto: tensor_pb2.TensorProto, name: str, budget: ElementBudget) -> np.ndarray:
+    """The array a TensorProto describes; INVALID_ARGUMENT naming `name` when it is malformed,
+    RESOURCE_EXHAUSTED when over the request's element budget."""
     shape_proto = proto.tensor_shape
     if shape_proto.unknown_rank:
         raise invalid(f"input '{name}': tensor_shape has unknown rank")
+    budget.check_rank(name, len(shape_proto.dim))  # before the dims are read: a proto may hold millions
     shape = [d.size for d in shape_proto.dim]
-    if shape and min(shape) < 0:
-        raise invalid(f"input '{name}': negative dimension in shape {shape}")
-    count = 1
-    for s in shape:  # stops at the limit: a proto may claim very many huge dimensions
-        count *= s
-        if count > max_elements:
-            raise invalid(f"input '{name}': shape {shape} has more than {max_elements} elements, the limit")
+    count = budget.take(name, shape)
     dtype = proto.dtype
     if dtype == types_pb2.DT_STRING:
         values = proto.string_val

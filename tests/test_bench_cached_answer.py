@@ -6,6 +6,7 @@ import numpy as np
 
 from bench.cached_answer_server import cache_model_answers
 from serving.servable import Servable
+from serving.request_limits import RequestLimits
 from tests.serving_helpers import export_model
 
 
@@ -15,7 +16,7 @@ def _rows(n: int, island: bytes = b"Dream") -> dict[str, np.ndarray]:
 
 
 def test_answers_are_the_models_and_the_model_runs_once_per_shape(tmp_path, monkeypatch):
-    servable = Servable("penguins", 1, str(export_model(tmp_path / "1")), None, 10**6)
+    servable = Servable("penguins", 1, str(export_model(tmp_path / "1")), None, RequestLimits())
     try:
         dream, biscoe = servable.run("predict_raw", _rows(1)), servable.run("predict_raw", _rows(1, b"Biscoe"))
         assert not np.allclose(dream["scores"], biscoe["scores"])  # the model tells the two rows apart

@@ -44,6 +44,7 @@ def test_digits_gan_trains_both_models_resumes_shows_digits_and_serves_the_gener
     from pipeline.config import load_config
     from pipeline.train_command import run_train
     from serving import service, warmup
+    from serving.request_limits import RequestLimits
     from serving.servable import Servable
     from serving.signature_names import DEFAULT, PREDICT_METHOD
     from tensorflow_serving.apis import predict_pb2
@@ -85,7 +86,7 @@ def test_digits_gan_trains_both_models_resumes_shows_digits_and_serves_the_gener
     # The exported generator, loaded and called as the server does: its warmup request replays,
     # and Predict on serving_default answers a latent vector with an 8x8x1 image in [0, 1].
     model_dir = os.path.join(second.model_dir, "Format-Serving")
-    servable = Servable("digits_gan", 1, model_dir, None, 10**6)
+    servable = Servable("digits_gan", 1, model_dir, None, RequestLimits())
     assert servable.signature_defs[DEFAULT].method_name == PREDICT_METHOD
     assert warmup.replay(servable, method_check=True) == 1
     module = load_module(str(CONFIG.parent / "model.py"))

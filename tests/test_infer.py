@@ -13,6 +13,7 @@ import tensorflow as tf
 from pipeline.config import load_config
 from pipeline.infer import infer
 from serving.servable import Servable
+from serving.request_limits import RequestLimits
 from tests.conftest import REPO
 from tests.serving_helpers import add_version, example, export_model
 
@@ -32,7 +33,7 @@ def config(root):
 
 
 def served_scores(root, examples: list[bytes]) -> np.ndarray:
-    servable = Servable("penguins", 3, str(root / "serving" / "penguins" / "3"), None, 10**6)
+    servable = Servable("penguins", 3, str(root / "serving" / "penguins" / "3"), None, RequestLimits())
     try:
         return servable.run("predict", {"inputs": np.array(examples, dtype=object)})["species_scores"]
     finally:

@@ -10,6 +10,10 @@ from tensorflow.core.framework import types_pb2
 
 from serving import json_codec
 from serving.errors import ServingError
+from serving.request_limits import RequestLimits
+
+LIMITS = RequestLimits()
+BUDGET = LIMITS.budget
 
 
 def test_answers_row_and_columnar():
@@ -33,17 +37,17 @@ def test_answers_row_and_columnar():
 def test_tensors_in():
     doc = json.loads('{"inputs": {"x": [[1, 2.5], [NaN, -Infinity]], "n": [3], "b": [true], "s": [{"b64": "YQ=="}, "b"]}}')
     dtypes = {"x": types_pb2.DT_FLOAT, "n": types_pb2.DT_INT64, "b": types_pb2.DT_BOOL, "s": types_pb2.DT_STRING}
-    inputs, row_format = json_codec.predict_inputs(doc, dtypes, "")
+    inputs, row_format = json_codec.predict_inputs(doc, dtypes, "", BUDGET())
     assert not row_format and inputs["x"].dtype == np.float32 and inputs["x"].shape == (2, 2)
     assert np.isnan(inputs["x"][1, 0]) and inputs["x"][1, 1] == -np.inf
     assert inputs["n"].tolist() == [3] and inputs["b"].tolist() == [True] and inputs["s"].tolist() == [b"a", b"b"]
     for value, dtype in ((1.5, types_pb2.DT_INT64), (True, types_pb2.DT_INT32), (1, types_pb2.DT_STRING), ("1", types_pb2.DT_FLOAT)):
         with pytest.raises(ServingError, match=r"is not of expected type"):
-            json_codec.tensor([value], dtype)
+            json_codec.tensor([value], dtype, "x", BUDGET())
     with pytest.raises(ServingError) as info:
-        json_codec.tensor([1.0], types_pb2.DT_HALF)
+        json_codec.tensor([1.0], types_pb2.DT_HALF, "x", BUDGET())
     assert info.value.code.name == "UNIMPLEMENTED"
-    rows, _ = json_codec.predict_inputs({"instances": [[1.0, 2.0], [3.0, 4.0]]}, {"x": types_pb2.DT_DOUBLE}, "")
+    rows, _ = json_codec.predict_inputs({"instances": [[1.0, 2.0], [3.0, 4.0]]}, {"x": types_pb2.DT_DOUBLE}, "", BUDGET())
     assert rows["x"].shape == (2, 2) and rows["x"].dtype == np.float64
 
 
@@ -69,7 +73,7 @@ def test_examples_in():
     (b'{"a":' + b"[" * 254 + b"]" * 254 + b"}", None),  # 255 levels: the deepest taken
 ])
 def test_bodies_tf_serving_takes(body, doc):
-    parsed = json_codec.parse_body(body)
+    parsed = json_codec.parse_body(body, LIMITS.max_elements)
     if doc is not None:
         assert parsed == doc
     assert isinstance(parsed, dict)
@@ -90,5 +94,5 @@ def test_bodies_tf_serving_takes(body, doc):
 ])
 def test_malformed_bodies_are_invalid_argument_with_tf_servings_message_family(body, message):
     with pytest.raises(ServingError) as info:
-        json_codec.parse_body(body)
+        json_codec.parse_body(body, LIMITS.max_elements)
     assert (info.value.code.name, info.value.message) == ("INVALID_ARGUMENT", message)

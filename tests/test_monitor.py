@@ -19,6 +19,7 @@ from pipeline.monitor_labels import join_labels, read_labels
 from serving import service
 from serving.request_log import prediction_log
 from serving.servable import Servable
+from serving.request_limits import RequestLimits
 from tests.conftest import REPO
 from tests.serving_helpers import example, export_model
 
@@ -32,7 +33,7 @@ def export(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servable(export):
-    loaded = Servable("penguins", 1, str(export), None, 10**6)
+    loaded = Servable("penguins", 1, str(export), None, RequestLimits())
     yield loaded
     loaded.unload()
 

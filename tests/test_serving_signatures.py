@@ -7,6 +7,8 @@ import pytest
 import tensorflow as tf
 
 from serving.servable import Servable
+
+from serving.request_limits import RequestLimits
 from tests.serving_helpers import example, export_model
 
 RAW = {"bill_length_mm": np.array([[40.0], [51.5]], np.float32), "flipper_length_mm": np.array([[190.0], [222.0]], np.float32),
@@ -15,7 +17,7 @@ RAW = {"bill_length_mm": np.array([[40.0], [51.5]], np.float32), "flipper_length
 
 def test_session_calls_match_the_eager_signatures(tmp_path):
     path = str(export_model(tmp_path / "1"))
-    servable = Servable("penguins", 1, path, None, 10**6)
+    servable = Servable("penguins", 1, path, None, RequestLimits())
     assert servable.call_mode == "session"
     loaded = tf.saved_model.load(path)
     eager = {k: v.numpy() for k, v in loaded.signatures["predict_raw"](**{k: tf.constant(v) for k, v in RAW.items()}).items()}
@@ -60,8 +62,8 @@ def test_the_metagraph_is_the_one_with_the_served_tags(tmp_path):
         f.write(proto.SerializeToString())
 
     with pytest.raises(tf.errors.NotFoundError, match="MetaGraphDef associated with tags 'serve' could not be found"):
-        Servable("doubler", 1, path, None, 10**6)
-    servable = Servable("doubler", 1, path, None, 10**6, tags=("custom",))
+        Servable("doubler", 1, path, None, RequestLimits())
+    servable = Servable("doubler", 1, path, None, RequestLimits(), tags=("custom",))
     assert servable.call_mode == "session"
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
     servable.unload()
@@ -86,7 +88,7 @@ def test_v1_control_flow_runs_on_the_default_executor(tmp_path):
                 "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})})
             builder.save()
 
-    servable = Servable("v1", 1, path, None, 10**6)
+    servable = Servable("v1", 1, path, None, RequestLimits())
     assert servable.call_mode == "session (default executor)"
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[1.5]], np.float32)})["y"], [[3.0]])
     np.testing.assert_array_equal(servable.run("serving_default", {"x": np.array([[-1.0]], np.float32)})["y"], [[-2.0]])
@@ -99,7 +101,7 @@ def test_without_the_private_session_api_the_signatures_are_called_eagerly(tmp_p
 
     monkeypatch.delattr(session_lib.BaseSession, "_make_callable_from_options")
     path = str(export_model(tmp_path / "1"))
-    servable = Servable("penguins", 1, path, None, 10**6)
+    servable = Servable("penguins", 1, path, None, RequestLimits())
     assert servable.call_mode == "eager"
     loaded = tf.saved_model.load(path)
     eager = loaded.signatures["predict_raw"](**{k: tf.constant(v) for k, v in RAW.items()})

@@ -8,7 +8,12 @@ import pytest
 import tensorflow as tf
 
 from serving.errors import ServingError
+from serving.request_limits import RequestLimits
 from serving.tensors import from_numpy, to_numpy
+
+
+def _budget():
+    return RequestLimits(max_elements=100).budget()
 
 
 @pytest.mark.parametrize("array", [
@@ -18,12 +23,12 @@ from serving.tensors import from_numpy, to_numpy
     np.array([[b"a", b"bc"]], dtype=object),
 ])
 def test_round_trip(array):
-    back = to_numpy(from_numpy(array), "x", 100)
+    back = to_numpy(from_numpy(array), "x", _budget())
     assert back.dtype == array.dtype and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
     # TensorFlow reads what we write, and we read what TensorFlow writes (*_val fields for small lists).
     np.testing.assert_array_equal(tf.make_ndarray(from_numpy(array)), array)
-    np.testing.assert_array_equal(to_numpy(tf.make_tensor_proto(array.tolist()), "x", 100), array)
+    np.testing.assert_array_equal(to_numpy(tf.make_tensor_proto(array.tolist()), "x", _budget()), array)
 
 
 def test_text_outputs_are_written_as_utf8_bytes():
@@ -31,17 +36,34 @@ def test_text_outputs_are_written_as_utf8_bytes():
         assert list(from_numpy(array).string_val) == ["é".encode(), b"b"]
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda p: p.tensor_shape.dim.add(size=-1), "negative dimension"),
-    (lambda p: p.tensor_shape.dim.add(size=10**12), "more than 100 elements"),
-    (lambda p: setattr(p, "tensor_content", b"\0" * 3), "tensor_content has 3 bytes"),
+INVALID, OVER = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("mutate, message, code", [
+    (lambda p: p.tensor_shape.dim.add(size=-1), "negative dimension", INVALID),
+    (lambda p: p.tensor_shape.dim.add(size=10**12), "more than 100 values, the limit", OVER),
+    (lambda p: [p.tensor_shape.dim.add(size=2**62) for _ in range(2)], "more than 100 values, the limit", OVER),
+    (lambda p: setattr(p, "tensor_content", b"\0" * 3), "tensor_content has 3 bytes", INVALID),
+    # More dimensions than TensorFlow's Python bridge takes (a string array of 33 crashed it).
+    (lambda p: [p.tensor_shape.dim.add(size=1) for _ in range(32)], "33 dimensions; a request tensor may have at most 32",
+     INVALID),
+    # A million dimensions: refused from the count, before the dims are read into a list.
+    (lambda p: p.tensor_shape.dim.extend([p.tensor_shape.dim[0]] * 10**6), "1000001 dimensions", INVALID),
 ])
-def test_malformed_protos_are_refused(mutate, message):
+def test_malformed_protos_are_refused(mutate, message, code):
     proto = from_numpy(np.zeros(4, np.float32))
     mutate(proto)
     with pytest.raises(ServingError, match=message) as caught:
-        to_numpy(proto, "x", 100)
-    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x'" in caught.value.message
+        to_numpy(proto, "x", _budget())
+    assert caught.value.code == code and "input 'x'" in caught.value.message
+
+
+def test_the_element_budget_is_shared_by_a_requests_tensors():
+    budget = _budget()
+    to_numpy(from_numpy(np.zeros(60, np.float32)), "a", budget)
+    with pytest.raises(ServingError, match="input 'b': shape \\[60\\] has more than 40 values") as caught:
+        to_numpy(from_numpy(np.zeros(60, np.float32)), "b", budget)
+    assert caught.value.http_status == 413  # over a limit: REST's "too large", not the 429 of a full queue
 
 
 @pytest.mark.parametrize("array", [
@@ -59,7 +81,7 @@ def test_typed_value_fields_are_read(array):
     # (from_numpy's as_fields, TF Serving's own answer format), not in tensor_content.
     proto = from_numpy(array, as_fields=True)
     assert not proto.tensor_content
-    back = to_numpy(proto, "x", 100)
+    back = to_numpy(proto, "x", _budget())
     assert back.dtype == array.dtype and back.shape == array.shape
     np.testing.assert_array_equal(back, array)
 
@@ -67,10 +89,10 @@ def test_typed_value_fields_are_read(array):
 def test_one_typed_value_fills_the_shape():
     proto = from_numpy(np.array([4.0], np.float32), as_fields=True)
     proto.tensor_shape.dim[0].size = 3
-    np.testing.assert_array_equal(to_numpy(proto, "x", 100), np.full(3, 4.0, np.float32))
+    np.testing.assert_array_equal(to_numpy(proto, "x", _budget()), np.full(3, 4.0, np.float32))
     proto.float_val.append(5.0)  # two values for three elements: refused
     with pytest.raises(ServingError, match="needs 3 values, got 2"):
-        to_numpy(proto, "x", 100)
+        to_numpy(proto, "x", _budget())
 
 
 @pytest.mark.parametrize("dtype, values", [
@@ -95,6 +117,6 @@ def test_int32_value_fields_are_cut_as_tensorflow_reads_them(dtype, values):
             expected = session.run("c:0")
     read = expected.view(np.uint16) if dtype == tf.float16 else expected  # a half's bits
     assert list(read) != values  # the case: values outside the narrow type
-    back = to_numpy(proto, "x", 100)
+    back = to_numpy(proto, "x", _budget())
     assert back.dtype == expected.dtype
     np.testing.assert_array_equal(back, expected)
