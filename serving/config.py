@@ -46,21 +46,24 @@ class LimitsConfig(_Section):
         "TensorSpec (INVALID_ARGUMENT, naming both, before the model runs). null: checked in loopline's start mode; "
         "not under TF Serving's flags, where, as in TF Serving, the model's own ops refuse what they cannot compute.")
     http_max_header_line_bytes: int = Field(
-        16 * 1024, ge=256, description="The longest REST request line or header line (name and value); longer is "
-        "answered 431 (414 for the request line) and the connection closed.")
+        16 * 1024, ge=256, description="The longest REST header line (name and value) or request URL; longer is "
+        "answered 431 (414 for the URL) and the connection closed.")
     http_max_header_bytes: int = Field(
-        64 * 1024, ge=1024, description="The most bytes of a REST request's head (request line and every header); "
-        "more is answered 431 and the connection closed.")
+        64 * 1024, ge=1024, description="The most bytes of a REST request's head (request line and every header), "
+        "counted as they arrive: an endless head is refused once it passes this, never held whole. More is "
+        "answered 431 and the connection closed.")
     http_max_headers: int = Field(100, ge=1, description="The most header lines in one REST request; more is "
                                                           "answered 431 and the connection closed.")
     http_header_timeout_seconds: float = Field(
         10.0, gt=0, description="Seconds a client has to send a REST request's whole head, from its first byte; "
-        "a slower or endless head is answered 408 and the connection closed.")
+        "a slower or endless head is answered 408 and the connection closed. A kept-alive connection idle between "
+        "requests is not timed by this but by http_keep_alive_seconds.")
     http_keep_alive_seconds: float = Field(
-        30.0, gt=0, description="Seconds an idle kept-alive REST connection stays open between requests.")
+        30.0, gt=0, description="Seconds an idle REST connection stays open: between requests, and before the first "
+        "one.")
     http_max_connections: int = Field(
-        1024, ge=1, description="The most REST connections open at once; one more is closed as soon as it is "
-        "accepted (the client may retry).")
+        1024, ge=1, description="The most REST connections open at once; one more is answered 503 and closed as soon "
+        "as it is accepted (the client may retry); the open ones are not affected.")
 
 
 class ServingConfig(_Section):
