@@ -155,11 +155,29 @@ def _prepare_serving_process(serving, log_opens: bool = True) -> None:
         import_tensorflow_quietly()
 
 
+def _supervised(serving, whole_process: bool) -> int | None:
+    """With serving.supervise, when `loopline serve` is the process's own command: runs the same
+    command line again as the server, in a child process restarted when it crashes
+    (serving.supervisor), and returns the exit code. None: this process serves (supervision off,
+    the child itself, or a call from Python)."""
+    from serving import supervisor
+
+    if not (serving.supervise and whole_process) or supervisor.state_folder():
+        return None
+    if serving.cpus:
+        _pin_to_cpus(serving.cpus)  # the supervisor too stays off the cores its clients use
+    policy = supervisor.RestartPolicy(serving.restart_delay_seconds, serving.max_rapid_restarts)
+    return supervisor.supervise([sys.executable, *sys.orig_argv[1:]], policy)
+
+
 def cmd_serve(args) -> int:
     if args.tf_serving_flags:
         return _serve_with_tf_serving_flags(args)
     config = _config(args)
     serving = config.serving
+    supervised = _supervised(serving, args.whole_process)
+    if supervised is not None:
+        return supervised
     _prepare_serving_process(serving)
     for key in ("host", "grpc_port", "rest_port"):
         if getattr(args, key) is not None:
@@ -191,6 +209,9 @@ def _serve_with_tf_serving_flags(args) -> int:
     from serving.tf_serving_flags import serve_with_flags
 
     serving = load_config(args.config, args.overrides).serving if args.config or args.overrides else ServingConfig()
+    supervised = _supervised(serving, args.whole_process)
+    if supervised is not None:
+        return supervised
     _prepare_serving_process(serving, log_opens=False)
     return serve_with_flags(args.tf_serving_flags, serving, "loopline serve")
 
@@ -206,6 +227,9 @@ def tf_serving_main(argv: list[str] | None = None) -> int:
     from serving.tf_serving_flags import serve_with_flags
 
     serving = ServingConfig()
+    supervised = _supervised(serving, whole_process=argv is None)
+    if supervised is not None:
+        return supervised
     _prepare_serving_process(serving, log_opens=False)
     return serve_with_flags(sys.argv[1:] if argv is None else argv, serving)
 

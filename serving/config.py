@@ -120,6 +120,17 @@ class ServingConfig(_Section):
         "null: the serving root and the base paths of the config file the server was started with; []: none, "
         "which turns network reloads off. Config files given by the operator may name any absolute base path, "
         "as in TF Serving, which has no such check.")
+    supervise: bool = Field(
+        True, description="`loopline serve` runs the server in a child process and starts it again, on the same "
+        "ports, when it dies of a crash in the model's code (SIGSEGV, SIGABRT); a version whose load or warmup "
+        "crashed it is not loaded again until its files change (docs/serving.md, Containment). false: one process, "
+        "for systemd or Kubernetes, which restart it themselves.")
+    restart_delay_seconds: float = Field(
+        0.5, ge=0, description="The wait before restarting a server process that died; it doubles with each rapid "
+        "restart, up to 30 s.")
+    max_rapid_restarts: int = Field(
+        5, ge=0, description="Restarts in a row, each of a server process that died within a minute of its start, "
+        "before `loopline serve` gives up with an error (exit code 1).")
 
     @field_validator("allowed_base_paths")
     @classmethod

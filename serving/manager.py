@@ -22,6 +22,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.config import ServingConfig
 from serving.errors import ServingError, invalid, not_found
+from serving.load_journal import LoadJournal
 from serving.model_config import is_remote, model_config_path, path_is_under, resolved_path
 from serving.options import ServerOptions
 from serving.request_log import OFF
@@ -101,6 +102,7 @@ class ModelManager:
                                         options.config_poll_seconds, options.version_poll_seconds, options.model_config)
         self.limits = RequestLimits.of(config, self.options.tf_serving_rules)
         self.request_log = OFF  # the server's serving.request_log.RequestLog; the API code logs answers to it
+        self.load_journal = LoadJournal(None)  # a supervised server's (serving.load_journal): set before start()
 
     # -- configuration -------------------------------------------------------------------------
     def allowed_base_paths(self) -> list[str]:
@@ -159,7 +161,7 @@ class ModelManager:
             for name, entry in entries.items():
                 state = self._models.get(name)
                 if state is None:
-                    self._models[name] = ModelState(entry)
+                    self._models[name] = ModelState(entry, failed=self._crashed_versions(name))
                 else:
                     state.entry = entry
             removed = [n for n in self._models if n not in entries]
@@ -219,7 +221,8 @@ class ModelManager:
                 continue
             fingerprint = folder_fingerprint(path)
             try:
-                servable = load_servable(name, version, path, self.config, self.limits, self.metrics, self.options)
+                with self.load_journal.loading(name, version, path, fingerprint):
+                    servable = load_servable(name, version, path, self.config, self.limits, self.metrics, self.options)
             except Exception as exc:  # noqa: BLE001 - any load failure keeps the old version serving
                 failure = as_failure(exc, fingerprint)
                 with self._lock:  # status() reads it under the lock
@@ -239,6 +242,11 @@ class ModelManager:
             with self._lock:
                 old = state.loaded.pop(version)
             self._retire(old)
+
+    def _crashed_versions(self, name: str) -> dict[int, Failure]:
+        """The versions of `name` whose load killed an earlier server process: refused as failed loads are."""
+        return {version: Failure(fingerprint, grpc.StatusCode.UNKNOWN, message)
+                for version, (fingerprint, message) in self.load_journal.crashed_versions(name).items()}
 
     def _retire(self, servable: Servable) -> None:
         def wait_and_unload():

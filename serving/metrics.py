@@ -9,7 +9,9 @@ BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self, server_restarts: int = 0):
+        # How many server processes died before this one and were replaced (serving.supervisor).
+        self.server_restarts = server_restarts
         self._lock = threading.Lock()
         self._requests = defaultdict(int)  # (api, model, method, code) -> count
         self._buckets = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1))  # (api, model, method) -> counts
@@ -70,6 +72,10 @@ class Metrics:
             for (model, code), n in sorted(self._warmups.items()):
                 out.append(f'loopline_warmups_total{{model="{_q(model)}",code="{code}"}} {n}')
             out += _request_log_lines(self._request_log)
+        out += ["# HELP loopline_server_restarts_total Times `loopline serve` started the server process again after "
+                "it died (a crash in the model's code).",
+                "# TYPE loopline_server_restarts_total counter",
+                f"loopline_server_restarts_total {self.server_restarts}"]
         return "\n".join(out) + "\n"
 
 

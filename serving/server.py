@@ -8,8 +8,10 @@ import os
 import signal
 import time
 
+from serving import supervisor
 from serving.config import ServingConfig
 from serving.grpc_server import start_grpc
+from serving.load_journal import LoadJournal
 from serving.manager import ModelManager
 from serving.metrics import Metrics
 from serving.options import ServerOptions
@@ -36,8 +38,9 @@ class ModelServer:
     def __init__(self, serving_root: str | None, config: ServingConfig, models_config: str | None = None,
                  options: ServerOptions | None = None):
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(server_restarts=supervisor.restarts_so_far())
         self.manager = ModelManager(serving_root, config, models_config, self.metrics, options)
+        self.manager.load_journal = LoadJournal.from_environment()
         self.options = self.manager.options
         config_dir = os.path.dirname(self.options.models_config) if self.options.models_config else None
         self.request_log = RequestLog(config_dir, self.metrics, self.options.config_poll_seconds,
@@ -53,6 +56,7 @@ class ModelServer:
             self.manager.start()  # loads and warms what the config names before accepting requests
             if self.options.tf_serving_rules:
                 self._wait_for_versions()
+            self._bind_where_the_last_server_did()
             if self.options.grpc_tcp or self.options.grpc_socket_path:
                 self._grpc, self.grpc_port = start_grpc(self.manager, self.metrics, self.config, self.options)
             if self.options.rest_enabled:
@@ -61,6 +65,15 @@ class ModelServer:
             self.stop(grace=0)
             raise
         return self
+
+    def _bind_where_the_last_server_did(self) -> None:
+        """A restarted server (serving.supervisor) takes the ports its predecessor had, which port 0
+        in the command line would not give again: clients reconnect to the same address."""
+        grpc_port, rest_port = supervisor.remembered_ports()
+        if grpc_port is not None:
+            self.config.grpc_port = grpc_port
+        if rest_port is not None:
+            self.config.rest_port = rest_port
 
     def _wait_for_versions(self) -> None:
         """As TF Serving's start-up, wait until every model has a version loaded or refused."""
@@ -121,6 +134,7 @@ def serve_forever(serving_root: str | None, config: ServingConfig, models_config
                   options: ServerOptions | None = None, banner: str = "") -> int:
     """Runs until SIGINT/SIGTERM; prints one line with the bound addresses once it is serving."""
     server = ModelServer(serving_root, config, models_config, options).start()
+    supervisor.remember_ports(server.grpc_port, server.rest_port)
     print(f"loopline serving {banner or serving_root}: {server.addresses()}", flush=True)
     wait_for_stop_signal()
     log.info("stopping: finishing in-flight requests")
