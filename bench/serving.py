@@ -446,9 +446,11 @@ def server_cpu(pid: int | None):
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its threads (Linux /proc)."""
+    """User + system CPU seconds of a process and its threads, and of the processes it started
+    (Linux /proc): `loopline serve` runs its server in a child process (serving.supervise)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = [int(child) for task in Path(f"/proc/{pid}/task").glob("*/children") for child in task.read_text().split()]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(map(process_cpu_seconds, children))
 
 
 def grpc_floor(concurrency=CONCURRENCY, inline: bool = False) -> dict:

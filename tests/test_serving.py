@@ -127,7 +127,9 @@ def test_server_pinned_to_cpus(tmp_path):
     pinned = ServerProcess(tmp_path, f"serving.cpus=[{cpu}]")
     try:
         allowed = set()
-        for status in Path(f"/proc/{pinned.proc.pid}/task").glob("*/status"):
+        server = Path(f"/proc/{pinned.proc.pid}/task/{pinned.proc.pid}/children").read_text().split()  # supervised
+        assert server
+        for status in [s for pid in (pinned.proc.pid, *server) for s in Path(f"/proc/{pid}/task").glob("*/status")]:
             allowed |= {line.split()[1] for line in status.read_text().splitlines() if line.startswith("Cpus_allowed_list")}
         assert allowed == {str(cpu)}
     finally:
