@@ -16,6 +16,7 @@ check them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from serving.errors import ServingError, invalid, too_large
 
@@ -49,25 +50,28 @@ def over_the_element_limit(what: str, limit: int) -> ServingError:
 class ElementBudget:
     """One request's count of values, taken tensor by tensor."""
 
+    __slots__ = ("max_rank", "left")
+
     def __init__(self, limits: RequestLimits):
-        self.limits = limits
+        self.max_rank = limits.max_rank
         self.left = limits.max_elements
 
     def check_rank(self, name: str, rank: int) -> None:
-        if rank > self.limits.max_rank:
+        if rank > self.max_rank:
             raise invalid(f"input '{name}': {rank} dimensions; a request tensor may have at most "
-                          f"{self.limits.max_rank} (serving.limits.max_tensor_rank)")
+                          f"{self.max_rank} (serving.limits.max_tensor_rank)")
 
     def take(self, name: str, shape) -> int:
         """The element count of input `name` of `shape` (a sequence of ints); raises when it
-        breaks a limit."""
-        self.check_rank(name, len(shape))
-        if any(size < 0 for size in shape):
-            raise invalid(f"input '{name}': negative dimension in shape {_shape_text(shape)}")
+        breaks a limit. (One loop: this runs for every tensor of every request.)"""
+        if len(shape) > self.max_rank:
+            self.check_rank(name, len(shape))
         count = 1
-        for size in shape:  # stops at the limit: the product of a hostile shape is huge
+        for size in shape:
+            if size < 0:
+                raise invalid(f"input '{name}': negative dimension in shape {_shape_text(shape)}")
             count *= size
-            if count > self.left:
+            if count > self.left:  # stops at the limit: the product of a hostile shape is huge
                 raise over_the_element_limit(f"input '{name}': shape {_shape_text(shape)} has", self.left)
         self.left -= count
         return count
@@ -79,14 +83,37 @@ class ElementBudget:
         self.left -= count
 
 
-def check_signature_shapes(signature, inputs) -> None:
-    """Each input array's shape against the signature's TensorInfo (its tensor_shape)."""
+class SpecShape(NamedTuple):
+    rank: int
+    known: tuple[tuple[int, int], ...]  # (dimension, size) where the spec says a size
+    text: str
+
+
+def signature_shapes(signature) -> dict[str, SpecShape]:
+    """Each input's TensorSpec shape, for the inputs whose rank is known; read once per signature
+    (reading the proto's fields costs more than the check)."""
+    out = {}
+    for name, info in signature.inputs.items():
+        if not info.tensor_shape.unknown_rank:
+            dims = [d.size for d in info.tensor_shape.dim]
+            out[name] = SpecShape(len(dims), tuple((i, s) for i, s in enumerate(dims) if s >= 0), _shape_text(dims))
+    return out
+
+
+def check_signature_shapes(wanted: dict[str, SpecShape], inputs) -> None:
+    """Each input array's shape against its TensorSpec shape (`signature_shapes`); plain loops,
+    as this runs for every input of every request."""
     for name, array in inputs.items():
-        spec_shape = signature.inputs[name].tensor_shape
-        if spec_shape.unknown_rank:
+        spec = wanted.get(name)
+        if spec is None:
             continue
-        wanted = [d.size for d in spec_shape.dim]
         shape = array.shape
-        if len(wanted) != len(shape) or any(w >= 0 and w != s for w, s in zip(wanted, shape)):
+        matches = len(shape) == spec.rank
+        if matches:
+            for dim, size in spec.known:
+                if shape[dim] != size:
+                    matches = False
+                    break
+        if not matches:
             raise invalid(f"input '{name}': shape {_shape_text(shape)} does not match the signature's "
-                          f"{_shape_text(wanted)} (-1: any size)")
+                          f"{spec.text} (-1: any size)")

@@ -15,7 +15,7 @@ from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid, not_found
 from serving.model_config import saved_model_file
-from serving.request_limits import RequestLimits
+from serving.request_limits import RequestLimits, SpecShape, signature_shapes
 from serving.signature_call import SERVE_TAGS, SignatureCallers, read_signature_defs
 from serving.tensors import dtype_name
 
@@ -61,6 +61,7 @@ class Servable:
             with tf.io.gfile.GFile(sig_file) as f:
                 self.description = json.loads(f.read())
         self._feeds: dict[str, dict[str, tuple]] = {}
+        self._shapes: dict[str, dict[str, SpecShape]] = {}
         self._batchers = {}
         if batching is not None and batching.enabled:
             for key in self._functions:
@@ -119,6 +120,13 @@ class Servable:
             if (want is None) != is_string or (want is not None and array.dtype != want):
                 got = "string" if is_string else dtype_name(tf.dtypes.as_dtype(array.dtype).as_datatype_enum)
                 raise invalid(f"Expects arg[{index}] to be {want_name} but {got} is provided")
+
+    def signature_shapes(self, name: str) -> dict[str, SpecShape]:
+        """The TensorSpec shapes of signature `name`'s inputs (request_limits.signature_shapes), kept."""
+        shapes = self._shapes.get(name)
+        if shapes is None:
+            shapes = self._shapes[name] = signature_shapes(self.signature_defs[name or names.DEFAULT])
+        return shapes
 
     def _call(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -44,7 +44,7 @@ def run_predict(servable, signature_name: str, inputs: Mapping, output_filter, m
     if parse is not None:  # iterating a proto map by key: its items() view is Python code, several times slower
         inputs = {alias: parse(alias, inputs[alias]) for alias in inputs}
     if servable.limits.check_shapes:
-        check_signature_shapes(signature, inputs)
+        check_signature_shapes(servable.signature_shapes(signature_name), inputs)
     fetch = rules.output_aliases(signature, output_filter)
     return servable.run(rules.signature_key(signature_name), inputs, fetch)
 

@@ -38,8 +38,10 @@ def to_numpy(proto: tensor_pb2.TensorProto, name: str, budget: ElementBudget) ->
     shape_proto = proto.tensor_shape
     if shape_proto.unknown_rank:
         raise invalid(f"input '{name}': tensor_shape has unknown rank")
-    budget.check_rank(name, len(shape_proto.dim))  # before the dims are read: a proto may hold millions
-    shape = [d.size for d in shape_proto.dim]
+    dims = shape_proto.dim
+    if len(dims) > budget.max_rank:  # before the dims are read: a proto may hold millions
+        budget.check_rank(name, len(dims))
+    shape = [d.size for d in dims]
     count = budget.take(name, shape)
     dtype = proto.dtype
     if dtype == types_pb2.DT_STRING:
