@@ -137,7 +137,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.in_body = True
         self.head_room = self.max_head
-        self._cancel_head_timer()
+        if self.head_timer is not None:  # tested here: most heads come in one read and never start one
+            self._cancel_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

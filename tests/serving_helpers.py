@@ -148,6 +148,18 @@ class ServerProcess:
         self._log.close()
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and its descendants (a supervised server runs in a child)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            total += int(line.split()[1]) * 1024
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += tree_rss_bytes(int(child))
+    return total
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

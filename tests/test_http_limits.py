@@ -12,7 +12,7 @@ import pytest
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
-from tests.serving_helpers import ServerProcess, TfServingServer, add_version, export_model
+from tests.serving_helpers import ServerProcess, TfServingServer, add_version, export_model, tree_rss_bytes
 
 STATUS = b"GET /v1/models/penguins HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 PREDICT_BODY = json.dumps({"signature_name": "predict_raw", "instances": [
@@ -65,13 +65,6 @@ def refusal(sock: socket.socket, request: bytes) -> tuple[int, str, bytes]:
         return status, json.loads(body)["error"], reader.read()
 
 
-def rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
 def test_ordinary_heads_are_answered_over_keep_alive(server):
     """Up to the limits nothing changes: 100 headers, a 16,000-byte header, then a predict, on one
     connection; and a connection idle past the head deadline (between requests) is still served."""
@@ -113,7 +106,7 @@ def test_an_over_limit_head_is_refused_and_the_connection_closed(server, request
 def test_an_endless_head_is_refused_as_it_arrives(server):
     """50 MB of one header that never ends: answered 431 while the bytes stream in, and the server
     holds far less than what was sent."""
-    before = rss_bytes(server.proc.pid)
+    before = tree_rss_bytes(server.proc.pid)
     chunk, sent = b"a" * 65536, 0
     with connect(server.rest_port) as sock:
         sock.sendall(STATUS + b"X-Endless: ")
@@ -125,7 +118,7 @@ def test_an_endless_head_is_refused_as_it_arrives(server):
             pass
         with sock.makefile("rb") as reader:
             status, body = read_answer(reader)
-    grown = rss_bytes(server.proc.pid) - before
+    grown = tree_rss_bytes(server.proc.pid) - before
     assert status == 431 and "http_max_header_bytes" in json.loads(body)["error"]
     assert grown < sent / 5, f"the server grew by {grown} bytes while {sent} were sent"
 
