@@ -5,7 +5,6 @@ warmup crashed the process is refused while the other versions serve."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -146,11 +145,14 @@ def test_a_version_whose_warmup_crashes_is_refused_and_the_previous_one_serves(t
 
 
 def test_sigterm_to_the_supervisor_stops_its_server_gracefully(tmp_path, exports):
+    """And the supervisor itself never loads TensorFlow (its libraries are not mapped in it)."""
     serving_root(tmp_path, {1: exports["plain"]})
     server = ServerProcess(tmp_path)
     try:
         children = child_pids(server.proc.pid)
         assert len(children) == 1
+        assert "libtensorflow" in Path(f"/proc/{children[0]}/maps").read_text()
+        assert "libtensorflow" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
         server.proc.terminate()
         assert server.proc.wait(120) == 0
         assert not running(children[0])
