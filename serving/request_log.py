@@ -314,8 +314,8 @@ class RequestLog:
             self._close(key)
 
     def _retention(self, now: float) -> None:
-        if self.settings.keep_days is None or now < self._next_retention:
-            return
+        if self.log_dir is None or self.settings.keep_days is None or now < self._next_retention:
+            return  # no folder: a server without a config file logs nothing
         self._next_retention = now + RETENTION_EVERY_S
         open_files = frozenset(f.staged for f in self._files.values())
         removed = delete_older_than(self.log_dir, now - self.settings.keep_days * 86400, open_files)

@@ -332,3 +332,13 @@ def test_the_log_settings_file_names_a_bad_key(tmp_path):
     open(path, "w").write(json.dumps(data))
     with pytest.raises(ValueError, match="'sampling_rate': Input should be less than or equal to 1"):
         read_request_log_file(path)
+
+
+def test_a_server_without_a_config_file_runs_its_writer_without_errors(caplog):
+    # TF Serving's --model_base_path: no models.config, so no log folder; the writer's retention
+    # pass must not reach for one (it logged a traceback at every stop).
+    request_log = RequestLog(None)
+    request_log.start()
+    with caplog.at_level("ERROR", logger="loopline.serving"):
+        request_log.stop()
+    assert request_log.log_dir is None and not caplog.records
