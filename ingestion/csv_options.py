@@ -12,9 +12,11 @@ train`, the checks before a run). Standard library only, so any package may impo
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import io
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, get_args
 
@@ -58,6 +60,15 @@ def check_encoding(name: str) -> str:
     return name
 
 
+SET_ENCODING = "set data.encoding to the file's encoding (e.g. latin-1 or cp1252)"
+
+
+def codec_refused(path: str, encoding: str, exc: UnicodeError) -> CsvError:
+    """A codec's refusal of the whole stream rather than of some bytes (UTF-16 without a
+    byte-order mark)."""
+    return CsvError(f"{path}: not {encoding} text ({exc}); {SET_ENCODING}")
+
+
 def undecodable(path: str, chunks: Iterable[bytes], encoding: str, column: str | None = None) -> CsvError | None:
     """The error for the first bytes of `chunks` (a file from its start) that `encoding` cannot
     decode, naming the line (counted in b"\\n" bytes) and the byte offset; None if all decode."""
@@ -73,7 +84,9 @@ def undecodable(path: str, chunks: Iterable[bytes], encoding: str, column: str |
             line = lines - pending.count(b"\n") + data.count(b"\n", 0, exc.start) + 1
             where = f" in column '{column}'" if column else ""
             return CsvError(f"{path}: line {line}, byte offset {at}: 0x{data[exc.start:exc.end].hex()}{where} is not valid "
-                            f"{encoding} ({exc.reason}); set data.encoding to the file's encoding (e.g. latin-1 or cp1252)")
+                            f"{encoding} ({exc.reason}); {SET_ENCODING}")
+        except UnicodeError as exc:
+            return codec_refused(path, encoding, exc)
         if chunk is not None:
             offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
     return None
@@ -89,19 +102,32 @@ def _sniff(path: str, lines: list[str]) -> str:
                        f"{', '.join(map(repr, DELIMITERS))}") from None
 
 
+def _header_text(path: str, sample: bytes, complete: bool, encoding: str) -> tuple[str, bool]:
+    """The sample decoded, and whether it is the whole file. Bytes that cannot be decoded in the
+    header stop the read; further on, the text up to them is the sample (the full read will stop)."""
+    try:
+        try:
+            return codecs.getincrementaldecoder(encoding)().decode(sample, final=complete), complete
+        except UnicodeDecodeError as exc:
+            text = codecs.getincrementaldecoder(encoding)().decode(sample[:exc.start])
+    except UnicodeError as exc:
+        raise codec_refused(path, encoding, exc) from None
+    if "\n" not in text:
+        raise undecodable(path, [sample], encoding) from None
+    return text, False
+
+
 def parse_header(path: str, sample: bytes, complete: bool, options: CsvOptions) -> tuple[list[str], CsvOptions]:
     """The column names from a file's first bytes (SNIFF_BYTES of them, or the whole file when
     `complete`), and the options with the delimiter resolved."""
-    try:
-        text = codecs.getincrementaldecoder(options.encoding)().decode(sample, final=complete)
-    except UnicodeDecodeError as exc:  # in the header: stop; further on: read up to there (the full read will stop)
-        text, complete = codecs.getincrementaldecoder(options.encoding)().decode(sample[:exc.start]), False
-        if "\n" not in text:
-            raise undecodable(path, [sample], options.encoding) from None
+    text, complete = _header_text(path, sample, complete, options.encoding)
     text = text.removeprefix("\ufeff")  # a byte-order mark (Excel's "CSV UTF-8") is not part of a name
-    lines = [line.rstrip("\r\n") for line in io.StringIO(text, newline="")]
-    if not complete and len(lines) > 1:
-        lines = lines[:-1]  # the last one may be cut
+    lines = list(io.StringIO(text, newline=""))
+    if not complete and lines and not lines[0].endswith(("\n", "\r")):  # the names would be cut
+        raise CsvError(f"{path}: the header line is longer than {SNIFF_BYTES >> 10} KiB")
+    if not complete and len(lines) > 1 and not lines[-1].endswith(("\n", "\r")):
+        lines = lines[:-1]  # cut by the sample
+    lines = [line.rstrip("\r\n") for line in lines]
     if not lines or not lines[0].strip():
         raise CsvError(f"{path}: empty, or no header line")
     delimiter = _sniff(path, lines) if options.delimiter == "auto" else options.delimiter
@@ -113,9 +139,10 @@ def parse_header(path: str, sample: bytes, complete: bool, options: CsvOptions) 
 
 
 def _lines(chunks: Iterable[bytes], encoding: str) -> Iterator[str]:
-    """The decoded lines, each with its line end (\\n, \\r\\n or \\r), as csv.reader takes them."""
+    """The decoded lines, each with its line end (\\n, \\r\\n or \\r), as csv.reader takes them.
+    Bytes the encoding cannot decode become U+FFFD: the lines are only counted."""
     carry = ""
-    for part in codecs.iterdecode(chunks, encoding):
+    for part in codecs.iterdecode(chunks, encoding, errors="replace"):
         lines = list(io.StringIO(carry + part, newline=""))
         carry = lines.pop() if lines and not lines[-1].endswith("\n") else ""  # may go on in the next part
         yield from lines
@@ -123,15 +150,27 @@ def _lines(chunks: Iterable[bytes], encoding: str) -> Iterator[str]:
         yield carry
 
 
+@contextlib.contextmanager
+def _any_cell_size() -> Iterator[None]:
+    """csv.reader refuses cells over 128 KiB (its field_size_limit); Arrow reads any size."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(sys.maxsize)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(limit)
+
+
 def line_of_row(chunks: Iterable[bytes], options: CsvOptions, row: int) -> int | None:
     """The line where CSV row `row` starts (1: the header; blank lines are not rows, as Arrow
     counts them), reading the file from its start in Python: for error messages only."""
     reader = csv.reader(_lines(chunks, options.encoding), delimiter=options.delimiter)
     count, start = 0, 1
-    for record in reader:
-        if record:
-            count += 1
-            if count == row:
-                return start
-        start = reader.line_num + 1
+    with _any_cell_size():
+        for record in reader:
+            if record:
+                count += 1
+                if count == row:
+                    return start
+            start = reader.line_num + 1
     return None

@@ -10,7 +10,8 @@ results stay those of the stock component:
   every one is a number to `float(cell)`, else STRING (ints beyond int64 make it STRING);
 - a missing cell (one of `na_values`, quoted or not; the stock rule: the empty cell only) is an
   empty value list of the column's type; a column with no value at all gives value-less features;
-- blank lines are skipped; a row with another number of cells than the header is an error.
+- blank lines are skipped; a row with another number of cells than the header, or a quote the
+  file ends inside of, is an error.
 Cells that Arrow's parsers and Python's read differently (blanks and underscores inside numbers,
 `nan` spellings, `+`, hex) go through Python's own `int`/`float` on the cell's bytes.
 
@@ -59,32 +60,52 @@ def _chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
             yield chunk
 
 
-def _read_error(path: str, names: list[str], options: CsvOptions, exc: Exception, bad_rows: list) -> CsvError:
+def line_of(path: str, options: CsvOptions, row: int) -> int | None:
+    """The line of the file where CSV row `row` starts (1: the header): for error messages only."""
+    return line_of_row(_chunks(path), options, row)
+
+
+# Arrow's message for a row with another number of cells than the header (pyarrow's
+# invalid_row_handler would give the same fields, but it decodes the row's text as UTF-8 before
+# calling the handler and prints a traceback when that fails).
+_BAD_ROW = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+): (.*)", re.S)
+
+
+def _read_error(path: str, names: list[str], options: CsvOptions, exc: Exception) -> CsvError:
     """What Arrow (or the codec) refused, with the file's line: found by reading the file again in
     Python, which only a failing read pays for."""
-    if isinstance(exc, UnicodeDecodeError) or "invalid UTF8" in str(exc):
+    if isinstance(exc, UnicodeError) or "invalid UTF8" in str(exc):
         column = re.search(r"CSV column #(\d+)", str(exc))
         found = undecodable(path, _chunks(path), options.encoding, names[int(column.group(1))] if column else None)
         if found is not None:
             return found
-    if bad_rows and bad_rows[0].number > 0:
-        row = bad_rows[0]
-        line = line_of_row(_chunks(path), options, row.number)
-        return CsvError(f"{path}: line {line}: {row.actual_columns} cells where the header has {row.expected_columns}: "
-                        f"{row.text[:200]!r}")
-    return CsvError(f"{path}: {exc}")
+    bad_row = _BAD_ROW.search(str(exc))
+    if bad_row:
+        number, expected, actual, text = bad_row.groups()
+        line = line_of(path, options, int(number))
+        return CsvError(f"{path}: line {line}: {actual} cells where the header has {expected}: {text[:200]!r}")
+    return CsvError(f"{path}: {' '.join(str(exc).split())}")
+
+
+def _unclosed_quote(path: str, last_row: pa.RecordBatch, options: CsvOptions) -> bool:
+    """The file's last cell is a quoted one that the file ends inside of: Arrow takes everything up
+    to the end as that cell. Only the last column can hide it (elsewhere the row is short a cell),
+    and only a quoted cell holds a line end; a closed one is followed by its quote."""
+    cell = last_row.column(last_row.num_columns - 1)[0].as_py() if last_row.num_columns else None
+    if not cell or not ("\n" in cell or "\r" in cell):
+        return False
+    tail = cell.encode(options.encoding, errors="replace")
+    with FileSystems.open(path) as f:
+        size = f.seek(0, 2)  # the end, through Beam's filesystems (no local size to ask for)
+        f.seek(max(size - len(tail), 0))
+        return f.read() == tail
 
 
 def read_batches(path: str, names: list[str], options: CsvOptions,
                  block_bytes: int = BLOCK_BYTES) -> Iterator[pa.RecordBatch]:
     """The file's rows in record batches of strings (null: a missing cell), the header skipped."""
     strings = {name: pa.large_string() for name in names}
-    bad_rows = []
-
-    def refuse(row) -> str:
-        bad_rows.append(row)
-        return "error"
-
+    rows, last = 0, None
     with FileSystems.open(path) as f:
         try:
             reader = pacsv.open_csv(
@@ -92,13 +113,19 @@ def read_batches(path: str, names: list[str], options: CsvOptions,
                 read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=block_bytes, use_threads=False,
                                                encoding="utf8" if options.is_utf8 else options.encoding),
                 parse_options=pacsv.ParseOptions(delimiter=options.delimiter, newlines_in_values=True,
-                                                 ignore_empty_lines=True, invalid_row_handler=refuse),
+                                                 ignore_empty_lines=True),
                 convert_options=pacsv.ConvertOptions(column_types=strings, null_values=list(options.na_values),
                                                      strings_can_be_null=True, quoted_strings_can_be_null=True),
             )
-            yield from reader
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise _read_error(path, names, options, exc, bad_rows) from None
+            for batch in reader:
+                rows, last = rows + batch.num_rows, batch if batch.num_rows else last
+                yield batch
+        except (pa.ArrowInvalid, UnicodeError) as exc:
+            raise _read_error(path, names, options, exc) from None
+    if last is not None and _unclosed_quote(path, last.slice(last.num_rows - 1), options):
+        line = line_of(path, options, rows + 1)
+        raise CsvError(f"{path}: line {line}: a quoted cell is not closed (a '\"' without its closing '\"'); "
+                       "everything from there to the end of the file would be one cell")
 
 
 def _python_type(cell: bytes) -> ColumnType:
