@@ -266,8 +266,8 @@ def grpc_clients(port: int, concurrency=CONCURRENCY, pid: int | None = None) -> 
     return results
 
 
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+def _env(repo: Path = REPO) -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
 
 
 # The server's settings here: the clients share the machine, so the server is pinned to one core
@@ -303,16 +303,17 @@ def rest_clients(url: str, body: bytes, concurrency=CONCURRENCY, pid: int | None
 
 
 def ours(serving_root: Path, settings=SERVER_SETTINGS, api: str = "grpc", concurrency=CONCURRENCY,
-         metrics: list | None = None, cached_answer: bool = False) -> dict:
+         metrics: list | None = None, cached_answer: bool = False, repo: Path = REPO) -> dict:
     """`metrics`: gets the server's Prometheus text after the clients, before it stops, and the
     server process's CPU seconds while they ran. `cached_answer`: the model's call answered from a
-    cache (bench/cached_answer_server.py), the server's own cost around the model."""
+    cache (bench/cached_answer_server.py), the server's own cost around the model. `repo`: the
+    checkout whose server code runs (another commit's, for a before/after)."""
     grpc_port, rest_port = free_port(), free_port()
     module = "bench.cached_answer_server" if cached_answer else "pipeline.cli"
     proc = subprocess.Popen([sys.executable, "-m", module, "serve", "--serving-root", str(serving_root),
                              "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
                              *[a for s in settings for a in ("--set", s)]],
-                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=repo, env=_env(repo), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{rest_port}/v1/models/penguins", proc)
         if api == "rest":
