@@ -1,5 +1,5 @@
-"""ExampleGens for data.format parquet and image_folder: the files of each input split become
-tf.Examples (ingestion/file_records.py) and the same artifact as the CSV ExampleGen's: the same
+"""ExampleGens for data.format tfrecord, parquet and image_folder: the files of each input split
+become tf.Examples (ingestion/file_records.py) and the same artifact as the CSV ExampleGen's: the same
 split names, TFX's hash-bucket split rule on the serialized examples, GZIP TFRecords. A Beam
 pipeline, one element per file (or per Parquet row group), so `pipeline.beam_args` applies."""
 from __future__ import annotations
@@ -51,6 +51,17 @@ class _ParquetExecutor(_FilesExecutor):
 
 class _ImageFolderExecutor(_FilesExecutor):
     read = staticmethod(file_records.image_records)
+
+
+class _TFRecordExecutor(_FilesExecutor):
+    read = staticmethod(file_records.tfrecord_records)
+
+
+class TFRecordExampleGen(example_gen_component.FileBasedExampleGen):
+    """TFX's ImportExampleGen's splits (the same examples in each), with each record checked
+    where it is read, so a damaged one is an error naming its file and number."""
+
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TFRecordExecutor)
 
 
 class ParquetExampleGen(example_gen_component.FileBasedExampleGen):

@@ -1,4 +1,4 @@
-"""Parquet files and image folders to serialized tf.Examples (no TFX here; the component is
+"""Parquet files, TFRecord files and image folders to serialized tf.Examples (no TFX here; the component is
 components/file_example_gen.py). Files are opened through Beam's filesystems, so every scheme
 Beam knows works.
 
@@ -6,22 +6,31 @@ Beam knows works.
   strings and binary BYTES; a list column keeps its lists (a variable-length feature), a null
   cell is a value-less feature. Read a row group at a time and encoded by tfx-bsl's C++ encoder.
 - Image folder: `<folder>/<class>/<file>`; one example per file with the encoded bytes in
-  feature `image` and the class folder's name in feature `label`. Files that are not PNG, JPEG,
-  GIF or BMP (by their first bytes) are an error naming the file.
+  feature `image` and the class folder's name in feature `label`. A file that is not a PNG, JPEG,
+  GIF or BMP (by its first bytes), declares more than MAX_IMAGE_PIXELS or does not decode is an
+  error naming the file.
+- TFRecord: each record's frame (length, data, CRC32Cs) is checked and the data parsed as a
+  tf.Example, then split as TFX's ImportExampleGen splits it; a cut or damaged frame, bytes that
+  are no tf.Example, or a feature whose kind changes within the file are an error naming the
+  record.
 """
 from __future__ import annotations
 
 import posixpath
+import re
+import struct
+import zlib
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
+from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 from tfx_bsl.coders import example_coder
 
-from ingestion.images import looks_like_image
+from ingestion.images import looks_like_image, size_problem
 
 IMAGE_FEATURE = "image"
 LABEL_FEATURE = "label"
@@ -65,10 +74,18 @@ def _serialized(batch: pa.RecordBatch) -> list[bytes]:
     return [parse(r).SerializeToString(deterministic=True) for r in records]
 
 
+def open_parquet(path: str, f) -> pq.ParquetFile:
+    """The Parquet file open at `f`; a file that is not Parquet is an error naming it."""
+    try:
+        return pq.ParquetFile(f)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise FormatError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
+
+
 def parquet_records(path: str) -> Iterator[list[bytes]]:
     """The file's rows as serialized tf.Examples, a row group at a time."""
     with FileSystems.open(path) as f:
-        reader = pq.ParquetFile(f)
+        reader = open_parquet(path, f)
         for group in range(reader.num_row_groups):
             table = reader.read_row_group(group)
             columns = [_feature_column(n, path, c.combine_chunks()) for n, c in zip(table.column_names, table.columns)]
@@ -76,17 +93,131 @@ def parquet_records(path: str) -> Iterator[list[bytes]]:
                 yield _serialized(pa.RecordBatch.from_arrays(columns, names=table.column_names))
 
 
+_OP_NAMES = re.compile(r"{{.*?}}|\[Op:\w+\]")
+
+
+def _image_problem(content: bytes) -> str | None:
+    """Why a file's bytes are no image to train on; None when they decode. The declared size is
+    checked before decoding, so a decompression bomb never allocates its pixels."""
+    import tensorflow as tf
+
+    if not looks_like_image(content):
+        return "not a PNG, JPEG, GIF or BMP image"
+    problem = size_problem(content)
+    if problem is not None:
+        return f"not an image to read: {problem}"
+    try:
+        tf.io.decode_image(content, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError) as exc:
+        words = _OP_NAMES.sub("", exc.message).split()  # TensorFlow's own words, not the op's and device's names
+        return f"not a readable image: {' '.join(words)}"
+    return None
+
+
 def image_record(path: str) -> list[bytes]:
-    """One example of `<class>/<file>`: the file's bytes in `image`, `<class>` in `label`."""
+    """One example of `<class>/<file>`: the file's bytes in `image`, `<class>` in `label`; a file
+    that does not decode as an image is an error naming it."""
     with FileSystems.open(path) as f:
         content = f.read()
-    if not looks_like_image(content):
-        raise FormatError(f"{path}: not a PNG, JPEG, GIF or BMP image (data.format image_folder)")
+    problem = _image_problem(content)
+    if problem is not None:
+        raise FormatError(f"{path}: {problem} (data.format image_folder)")
     label = posixpath.basename(posixpath.dirname(path.replace("\\", "/")))
     example = example_pb2.Example()
     example.features.feature[IMAGE_FEATURE].bytes_list.value.append(content)
     example.features.feature[LABEL_FEATURE].bytes_list.value.append(label.encode())
     return [example.SerializeToString(deterministic=True)]
+
+
+def _unmasked_crc(masked: int) -> int:
+    """TFRecord's CRC as stored (masked: rotated and offset), back to the plain CRC32C."""
+    rotated = (masked - 0xA282EAD8) & 0xFFFFFFFF
+    return ((rotated >> 17) | (rotated << 15)) & 0xFFFFFFFF
+
+
+def _tfrecord_frames(path: str) -> Iterator[tuple[int, bytes]]:
+    """Each record's data and number (from 1), CRCs checked; a frame that is cut or damaged is an
+    error naming the record. Beam opens the file, so a `.gz` file is read as GZIP (as Beam's own
+    TFRecord reader does)."""
+    import google_crc32c
+
+    number = 0
+    with FileSystems.open(path) as f:
+        try:
+            while header := f.read(12):
+                number += 1
+                where = f"{path}: record {number}"
+                if len(header) < 12:
+                    raise FormatError(f"{where}: the file ends inside the record's length (a cut file?)")
+                length, length_crc = struct.unpack("<QI", header)
+                if google_crc32c.value(header[:8]) != _unmasked_crc(length_crc):
+                    raise FormatError(f"{where}: the length's CRC does not match (not a TFRecord file, or damaged)")
+                data = f.read(length + 4)
+                if len(data) < length + 4:
+                    raise FormatError(f"{where}: the file ends inside the record ({len(data)} of {length + 4} bytes; "
+                                      "a cut file?)")
+                if google_crc32c.value(data[:length]) != _unmasked_crc(struct.unpack("<I", data[length:])[0]):
+                    raise FormatError(f"{where}: the data's CRC does not match (damaged)")
+                yield number, data[:length]
+        except (zlib.error, EOFError) as exc:  # a .gz file whose compressed stream is cut or damaged
+            raise FormatError(f"{path}: record {number + 1}: the GZIP stream is damaged or cut ({exc})") from None
+
+
+_KINDS = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
+
+
+def _decoded_kinds(records: list[bytes]) -> dict[str, str] | None:
+    """Each feature's kind of values in a batch, by tfx-bsl's C++ decoder (the one StatisticsGen
+    uses); None when the batch's examples disagree on one."""
+    try:
+        batch = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records)
+    except RuntimeError:  # INVALID_ARGUMENT: Feature had wrong type
+        return None
+    kinds = {}
+    for field in batch.schema:
+        if not pa.types.is_null(field.type):  # no value in this batch
+            item = field.type.value_type
+            kinds[field.name] = "float" if pa.types.is_floating(item) else "int64" if pa.types.is_integer(item) else "bytes"
+    return kinds
+
+
+def _check_kinds(path: str, first: int, records: list[bytes], kinds: dict[str, str]) -> None:
+    """A feature keeps one kind of values (bytes, float or int64) through a file: the readers after
+    ExampleGen take a column of one type. `first`: the number of the batch's first record; `kinds`:
+    the kinds seen so far, updated. Example by example only when the batch holds a disagreement,
+    to name the record."""
+    found = _decoded_kinds(records)
+    if found is not None and all(kinds.get(name, kind) == kind for name, kind in found.items()):
+        kinds.update(found)
+        return
+    for number, record in enumerate(records, first):
+        for name, feature in example_pb2.Example.FromString(record).features.feature.items():
+            kind = _KINDS.get(feature.WhichOneof("kind"))
+            if kind is not None and kinds.setdefault(name, kind) != kind:
+                raise FormatError(f"{path}: record {number}: feature '{name}' holds {kind} values, where the records "
+                                  f"before it hold {kinds[name]}")
+
+
+def tfrecord_records(path: str, batch_size: int = 4096) -> Iterator[list[bytes]]:
+    """The file's tf.Examples in protobuf's deterministic serialization (the bytes TFX's
+    ImportExampleGen hashes to split them), a batch at a time. A record whose frame is cut or
+    damaged, that is not a tf.Example, or whose feature holds another kind of values than before in
+    the file is an error naming the record (and the feature)."""
+    batch: list[bytes] = []
+    kinds: dict[str, str] = {}
+    for number, data in _tfrecord_frames(path):
+        try:
+            example = example_pb2.Example.FromString(data)
+        except DecodeError:
+            raise FormatError(f"{path}: record {number}: {len(data)} bytes that are not a tf.Example") from None
+        batch.append(example.SerializeToString(deterministic=True))
+        if len(batch) == batch_size:
+            _check_kinds(path, number - len(batch) + 1, batch, kinds)
+            yield batch
+            batch = []
+    if batch:
+        _check_kinds(path, number - len(batch) + 1, batch, kinds)
+        yield batch
 
 
 def image_records(path: str) -> Iterator[list[bytes]]:

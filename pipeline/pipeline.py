@@ -99,8 +99,8 @@ def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[st
 def _example_gen(data):
     """The ExampleGen of data.format; one node id for all (artifact paths stay the same)."""
     data_dir, input_config = _split_input(data.path, data.eval_path, data.format)
-    if data.format == "tfrecord":  # TFX's own; Beam reads a .gz file as GZIP (compression AUTO)
-        from tfx.components import ImportExampleGen as example_gen_class
+    if data.format == "tfrecord":  # ImportExampleGen's splits, each record checked; a .gz file is GZIP
+        from components.file_example_gen import TFRecordExampleGen as example_gen_class
     elif data.format == "parquet":
         from components.file_example_gen import ParquetExampleGen as example_gen_class
     elif data.format == "image_folder":
