@@ -80,8 +80,8 @@ warnings.filterwarnings("ignore", message='Field name "schema" in "DataSection" 
 
 class DataSection(_Section):
     format: Literal["csv", "tfrecord", "parquet", "image_folder"] = Field(
-        "csv", description="csv: CSV files; tfrecord: tf.Example TFRecords through TFX's ImportExampleGen (GZIP from "
-        "a `.gz` suffix); parquet: Parquet files; image_folder: a folder of class folders of images.")
+        "csv", description="csv: CSV files; tfrecord: tf.Example TFRecords, split as TFX's ImportExampleGen splits them (GZIP "
+        "from a `.gz` suffix); parquet: Parquet files; image_folder: a folder of class folders of images.")
     path: str = Field(
         "data/penguins.csv", description="The data to train on, as data.format says: a CSV file (header row) or a glob "
         "of CSV files with the same header, a TFRecord or Parquet file or glob, or an image folder.")
@@ -187,24 +187,35 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if not sep or not key:
         raise ConfigError(f"--set {override!r}: expected dotted.key=value")
     parts = key.split(".")
+    shown = key if key.isprintable() else repr(key)  # a line end in the key would break the message's line
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: '{'.'.join(parts[: i + 1])}' is not a section")
+            raise ConfigError(f"--set {shown}: {'.'.join(parts[: i + 1])!r} is not a section")
         node = child
     try:
         node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"--set {key}: the value {text!r} is not YAML ({problem})") from exc
+        raise ConfigError(f"--set {shown}: the value {text!r} is not YAML ({_yaml_problem(exc)})") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What YAML refused, on one line, with the line and column where it is known."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if isinstance(exc, yaml.reader.ReaderError):  # bytes that are not text in the file's encoding
+        return f"byte {exc.position}: {problem}"
+    return problem
 
 
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
-        return f"unknown key '{key}'"
-    return f"'{key}': {error['msg']} (got {error.get('input')!r})"
+        return f"unknown key {key!r}"
+    return f"{key!r}: {error['msg']} (got {error.get('input')!r})"
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> LooplineConfig:
@@ -216,9 +227,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_bytes())  # YAML reads the encoding from a byte-order mark
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         raw = loaded or {}
