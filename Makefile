@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: setup run test serve bench docs clean
+.PHONY: setup run test serve bench fuzz docs clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,16 @@ test: setup
 
 bench: setup
 	$(PY) -m bench --only $(BENCH)
+
+# The fuzzers with FUZZ_EXAMPLES cases per target (make test runs a few dozen, a fixed seed):
+# `loopline serve` against malformed gRPC, REST and HTTP (docs/fuzzing.md), and the pipeline's
+# inputs where tests/test_fuzz_inputs.py exists. The serving fuzzer adds its run to FUZZ_REPORT
+# and writes a summary beside it (.md), also when it finds failures.
+FUZZ_EXAMPLES ?= 5000
+FUZZ_REPORT ?= bench/results/fuzz.json
+fuzz: setup
+	LOOPLINE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) LOOPLINE_FUZZ_REPORT=$(FUZZ_REPORT) $(PY) -m pytest -n 0 -p no:cacheprovider \
+	  tests/test_fuzz_serving.py $(wildcard tests/test_fuzz_inputs.py) $(PYTEST_ARGS)
 
 # The documentation site (mkdocs, sources in docs/) into site/; broken links and anchors fail it.
 docs: setup
