@@ -93,7 +93,14 @@ def parquet_records(path: str) -> Iterator[list[bytes]]:
                 yield _serialized(pa.RecordBatch.from_arrays(columns, names=table.column_names))
 
 
-_OP_NAMES = re.compile(r"{{.*?}}|\[Op:\w+\]")
+_OP_NAMES = re.compile(r"{{.*?}}|\[\[.*?\]\]|\[Op:\w+\]")
+
+
+def op_message(exc) -> str:
+    """A TensorFlow op error's own words: its first line, without the op's and device's names (the
+    lines after it trace the graph)."""
+    lines = [line for line in _OP_NAMES.sub("", exc.message).splitlines() if line.strip()]
+    return " ".join(lines[0].split()) if lines else type(exc).__name__
 
 
 def _image_problem(content: bytes) -> str | None:
@@ -109,8 +116,7 @@ def _image_problem(content: bytes) -> str | None:
     try:
         tf.io.decode_image(content, expand_animations=False)
     except (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError) as exc:
-        words = _OP_NAMES.sub("", exc.message).split()  # TensorFlow's own words, not the op's and device's names
-        return f"not a readable image: {' '.join(words)}"
+        return f"not a readable image: {op_message(exc)}"
     return None
 
 

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 
 from pipeline.config import ConfigError, load_config
@@ -526,6 +527,11 @@ def _failure(exc: BaseException, logged: bool) -> tuple[int, str | None]:
     return 1, _stop_message(exc, logged)
 
 
+# Beam adds the step an error came from to its message: a name inside loopline's pipeline, not
+# something the user can act on.
+_BEAM_STEP = re.compile(r" \[while running '[^']*'\]")
+
+
 def _stop_message(exc: Exception, logged: bool) -> str | None:
     """The report for errors that stop a run by design (bad data, a failed parity gate), and for
     any other error of a command with a log (the traceback is there).
@@ -540,11 +546,15 @@ def _stop_message(exc: Exception, logged: bool) -> str | None:
         return f"loopline: export refused by the TFLite parity gate: {exc}"
     if os.environ.get("LOOPLINE_TRACEBACK"):
         return None
+    text = _BEAM_STEP.sub("", str(exc))
+    if logged:  # the whole message is in the log, with the traceback: the terminal gets its first line
+        text = next((line.strip() for line in text.splitlines() if line.strip()), "")
     # Our own checks raise ValueError with a message naming what is wrong (a label of the wrong
-    # kind, jit_compile with string features...); OSError is e.g. a port already in use.
+    # kind, jit_compile with string features, a file that cannot be read...); OSError is e.g. a
+    # port already in use.
     if isinstance(exc, (ValueError, OSError)):
-        return f"loopline: error: {exc}" + ("" if logged else " (LOOPLINE_TRACEBACK=1 shows where)")
-    return f"loopline: error: {type(exc).__name__}: {exc}" if logged else None
+        return f"loopline: error: {text}" + ("" if logged else " (LOOPLINE_TRACEBACK=1 shows where)")
+    return f"loopline: error: {type(exc).__name__}: {text}" if logged else None
 
 
 def _parse(argv: list[str] | None):

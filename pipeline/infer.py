@@ -12,12 +12,13 @@ name and renamed when complete. The run is recorded in MLflow (`loopline.kind=in
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -74,30 +75,57 @@ def data_files(pattern: str, data_format: str) -> list[str]:
     return sorted(files)
 
 
-# -- reading: (the input's columns, the same rows as serialized tf.Examples) per batch --------------
-Batch = tuple[pa.Table, list[bytes]]
+# -- reading: per batch, the input's columns, the same rows as serialized tf.Examples, and where the
+# batch's i-th example is in the data (for an error about it) ---------------------------------------
+Batch = tuple[pa.Table, list[bytes], Callable[[int], str]]
+
+
+def _csv_line(path: str, options: CsvOptions, first: int, index: int) -> str:
+    """Where the `index`-th row after the file's `first` rows is: read for an error only."""
+    from ingestion.csv_records import line_of
+
+    return f"{path}: line {line_of(path, options, first + index + 2)}"  # row 1: the header
 
 
 def _csv_batches(path: str, kinds: dict[str, str], batch_size: int, options: CsvOptions) -> Iterator[Batch]:
     """The CSV's cells as read (strings, null when missing), encoded by the model's feature kinds
     with the pipeline's CSV rules (ingestion.csv_records and data.na_values / delimiter /
-    encoding): a cell that is not its kind's number is an error naming the column."""
+    encoding): a cell that is not its kind's number is an error naming the line and the column."""
     from ingestion import csv_records
     from tfx_bsl.coders.csv_decoder import ColumnType
 
     types = {"int64": ColumnType.INT, "float32": ColumnType.FLOAT}
     header, options = csv_records.read_header(path, options)
     features = [c for c in header if c in kinds]
+    wanted = {c: types.get(kinds[c], ColumnType.STRING) for c in features}
+    rows = 0
     for block in csv_records.read_batches(path, header, options):
         for start in range(0, block.num_rows, batch_size):
             batch = block.slice(start, batch_size)
             selected = pa.RecordBatch.from_arrays([batch.column(c) for c in features], names=features)
             try:
-                encoded = csv_records.encode(selected, {c: types.get(kinds[c], ColumnType.STRING) for c in features})
+                encoded = csv_records.encode(selected, wanted)
             except (pa.ArrowInvalid, ValueError) as exc:
-                raise ValueError(f"{path}: a column does not hold the model's types "
-                                 f"({', '.join(f'{c}: {kinds[c]}' for c in features)}): {exc}") from None
-            yield pa.Table.from_batches([batch]), encoded.to_pylist()
+                model_columns = ", ".join(f"{c}: {kinds[c]}" for c in features)
+                bad = _first_bad_cell(selected, wanted)
+                if bad is None:
+                    raise ValueError(f"{path}: a column does not hold the model's types ({model_columns}): {exc}") from None
+                index, column, cell = bad
+                raise ValueError(f"{_csv_line(path, options, rows, index)}: {cell!r} in column '{column}' is not the "
+                                 f"model's {kinds[column]} (the model's columns: {model_columns})") from None
+            yield pa.Table.from_batches([batch]), encoded.to_pylist(), functools.partial(_csv_line, path, options, rows)
+            rows += batch.num_rows
+
+
+def _first_bad_cell(batch: pa.RecordBatch, wanted: dict) -> tuple[int, str, str] | None:
+    """(row in the batch, column, cell) of the first cell that is not its column's number type;
+    cell by cell, only once the batch is known to hold one."""
+    from ingestion.csv_records import column_type
+
+    found = [(index, name, cell) for name, kind in wanted.items()
+             for index, cell in enumerate(batch.column(name).to_pylist())
+             if cell is not None and column_type(pa.array([cell], pa.large_string())) > kind]
+    return min(found, default=None)
 
 
 def _scalar_columns(batch: pa.RecordBatch) -> pa.Table:
@@ -105,6 +133,9 @@ def _scalar_columns(batch: pa.RecordBatch) -> pa.Table:
     plain column (null when missing), others stay lists; bytes become text where they are UTF-8."""
     columns = []
     for column in batch.columns:
+        if pa.types.is_null(column.type):  # a feature no example gives a value of any kind
+            columns.append(column)
+            continue
         lengths = np.asarray(pc.list_value_length(column).fill_null(0))
         if lengths.size and lengths.max() <= 1:
             starts = np.asarray(column.offsets)[:-1]
@@ -119,27 +150,31 @@ def _scalar_columns(batch: pa.RecordBatch) -> pa.Table:
 
 
 def _tfrecord_batches(path: str, batch_size: int) -> Iterator[Batch]:
+    """By the pipeline's TFRecord reader: a damaged record is an error naming it."""
     from tfx_bsl.coders import example_coder
 
+    from ingestion.file_records import tfrecord_records
+
     decoder = example_coder.ExamplesToRecordBatchDecoder()
-    compression = "GZIP" if path.endswith(".gz") else ""
-    for records in tf.data.TFRecordDataset(path, compression_type=compression).batch(batch_size).as_numpy_iterator():
-        records = list(records)
-        yield _scalar_columns(decoder.DecodeBatch(records)), records
+    first = 1
+    for records in tfrecord_records(path, batch_size):
+        yield _scalar_columns(decoder.DecodeBatch(records)), records, lambda i, first=first: f"{path}: record {first + i}"
+        first += len(records)
 
 
 def _parquet_batches(path: str) -> Iterator[Batch]:
     """Row group by row group, as the pipeline's Parquet reader encodes them."""
-    import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
-    from ingestion.file_records import parquet_records
+    from ingestion.file_records import open_parquet, parquet_records
 
     with FileSystems.open(path) as f:
-        reader = pq.ParquetFile(f)
+        reader = open_parquet(path, f)
         groups = (reader.read_row_group(g) for g in range(reader.num_row_groups))
+        first = 1
         for table, records in zip((t for t in groups if t.num_rows), parquet_records(path)):
-            yield table, records
+            yield table, records, lambda i, first=first: f"{path}: row {first + i}"
+            first += len(records)
 
 
 def _image_batches(files: list[str], batch_size: int) -> Iterator[Batch]:
@@ -148,7 +183,7 @@ def _image_batches(files: list[str], batch_size: int) -> Iterator[Batch]:
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
         table = pa.table({"path": chunk, LABEL_FEATURE: [os.path.basename(os.path.dirname(p)) for p in chunk]})
-        yield table, [image_record(p)[0] for p in chunk]
+        yield table, [image_record(p)[0] for p in chunk], chunk.__getitem__
 
 
 def read_data(pattern: str, data_format: str, kinds: dict[str, str], batch_size: int,
@@ -247,12 +282,10 @@ def infer(config: LooplineConfig, data: str, output: str, version: int | None = 
     try:
         with signature_caller(path, signature) as call, \
                 tqdm(unit=" examples", file=sys.stderr, disable=not progress, desc=f"infer v{version}") as bar:
-            for table, records in read_data(data, data_format or config.data.format, description["features"], batch_size,
-                                               config.data.csv_options()):
-                outputs = call({names.INPUTS: np.array(records, dtype=object)})
-                for name, column in prediction_columns(outputs, keys, heads, len(records)).items():
-                    table = table.append_column(name, column)
-                writer.write(table)
+            for table, records, where in read_data(data, data_format or config.data.format, description["features"],
+                                                      batch_size, config.data.csv_options()):
+                outputs = _predict(call, records, where)
+                writer.write(_with_predictions(table, prediction_columns(outputs, keys, heads, len(records))))
                 rows += len(records)
                 bar.update(len(records))
     except BaseException:
@@ -262,6 +295,33 @@ def infer(config: LooplineConfig, data: str, output: str, version: int | None = 
     result = InferResult(output, version, rows, time.perf_counter() - started)
     result.run_id = record_in_mlflow(config, result, data, data_format or config.data.format, batch_size)
     return result
+
+
+def _predict(call, records: list[bytes], where: Callable[[int], str]) -> dict[str, np.ndarray]:
+    """The signature's outputs for a batch. An example the model refuses (a value of another kind,
+    more values than its feature holds, an image that does not decode) is an error naming where it
+    is in the data: once the batch is refused, its examples are tried one by one to find it."""
+    from ingestion.file_records import op_message
+
+    try:
+        return call({names.INPUTS: np.array(records, dtype=object)})
+    except tf.errors.InvalidArgumentError as exc:
+        refused = exc
+    for index, record in enumerate(records):
+        try:
+            call({names.INPUTS: np.array([record], dtype=object)})
+        except tf.errors.InvalidArgumentError as exc:
+            raise ValueError(f"{where(index)}: the model cannot take this example: {op_message(exc)}") from None
+    raise refused
+
+
+def _with_predictions(table: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
+    """The input's columns, then the predictions' (examples without any feature have no columns)."""
+    if not table.num_columns:
+        return pa.table(columns)
+    for name, column in columns.items():
+        table = table.append_column(name, column)
+    return table
 
 
 def prediction_columns_names(heads: list[Head]) -> list[str]:
