@@ -4,9 +4,10 @@ is judged by, and the report `make fuzz` writes. The cases are in tests/fuzz_ser
 
 The oracle, after every case: the server process is alive; a gRPC answer is OK or a code for a
 client's mistake (ALLOWED_CODES), an HTTP answer 2xx or 4xx; a raw HTTP exchange may end in a
-closed connection but must not hang; the server's resident memory stays within RSS_MARGIN_BYTES of
-what it held once warmed up; every PROBE_EVERY cases a valid request still gets its answer. A case
-that kills the server (or grows it past the bound) restarts it, so the search goes on and shrinks.
+closed connection but must not hang; an error answer says what is wrong (a message, a body); the
+server's resident memory stays within RSS_MARGIN_BYTES of what it held once warmed up; every
+PROBE_EVERY cases a valid request still gets its answer. A case that kills the server (or grows
+it past the bound) restarts it, so the search goes on and shrinks.
 """
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ class MemoryGrew(CaseFailed):
 
 class StoppedServing(CaseFailed):
     pass
+
+
+class SilentError(CaseFailed):
+    """An error answer that does not say what is wrong."""
 
 
 @dataclass
@@ -198,26 +203,30 @@ class FuzzServer:
         return Answer("OK")
 
     def http(self, method: str, path: str, body: bytes) -> Answer:
-        """One request on the kept-alive connection (opened again when the server closed it)."""
-        for attempt in range(2):
-            if self._http is None:
-                self._http = http.client.HTTPConnection("127.0.0.1", self.process.rest_port, timeout=CALL_SECONDS)
+        """One request on the kept-alive connection, sent again on a new connection when the server
+        had closed that one."""
+        for _ in range(2):
             try:
-                self._http.request(method, path, body=body or None, headers={"Content-Type": "application/json"})
-                response = self._http.getresponse()
-                text = response.read()
-                if response.will_close:
-                    self._drop_http()
-                failure = ForbiddenAnswer if response.status >= 500 else None
-                return Answer(f"HTTP {response.status}", failure, text[:500].decode("utf-8", "replace"))
+                return self._http_request(method, path, body)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop_http()
-                if attempt == 1 or not isinstance(exc, (ConnectionError, http.client.RemoteDisconnected)):
-                    # A body over the limit may be refused before it is all sent; anything else
-                    # deserves an answer.
-                    failure = None if len(body) > MAX_BODY_BYTES else ForbiddenAnswer
-                    return Answer("no answer", failure, f"{type(exc).__name__}: {exc}")
-        raise AssertionError("unreachable")
+                error = exc
+                if not isinstance(exc, ConnectionError):
+                    break
+        # A body over the limit may be refused before it is all sent; other requests deserve an answer.
+        failure = None if len(body) > MAX_BODY_BYTES else ForbiddenAnswer
+        return Answer("no answer", failure, f"{type(error).__name__}: {error}")
+
+    def _http_request(self, method: str, path: str, body: bytes) -> Answer:
+        if self._http is None:
+            self._http = http.client.HTTPConnection("127.0.0.1", self.process.rest_port, timeout=CALL_SECONDS)
+        self._http.request(method, path, body=body or None, headers={"Content-Type": "application/json"})
+        response = self._http.getresponse()
+        text = response.read()
+        if response.will_close:
+            self._drop_http()
+        return Answer(f"HTTP {response.status}", _http_failure(response.status, text, method),
+                      text[:500].decode("utf-8", "replace"))
 
     def _drop_http(self) -> None:
         if self._http is not None:
@@ -277,8 +286,18 @@ def _running(pid: int) -> bool:
 
 
 def _grpc_answer(error: grpc.RpcError) -> Answer:
-    code = error.code()
-    return Answer(code.name, None if code in ALLOWED_CODES else ForbiddenAnswer, error.details() or "")
+    code, details = error.code(), error.details() or ""
+    if code not in ALLOWED_CODES:
+        return Answer(code.name, ForbiddenAnswer, details)
+    return Answer(code.name, None if details.strip() else SilentError, details)
+
+
+def _http_failure(status: int, body: bytes, method: str) -> type[CaseFailed] | None:
+    if status >= 500:
+        return ForbiddenAnswer
+    if status >= 400 and method != "HEAD" and not body.strip():  # HEAD answers carry no body
+        return SilentError
+    return None
 
 
 def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bytes, bool]:

@@ -33,7 +33,7 @@ def fuzz(tmp_path_factory):
 
 
 # -- gRPC ------------------------------------------------------------------------------------------
-@settings(FUZZ, max_examples=examples(250))
+@settings(FUZZ, max_examples=examples(200))
 @given(call=cases.predict_calls())
 def test_grpc_predict(fuzz, call):
     fuzz.check("grpc_predict", call, lambda: fuzz.server.grpc(*call))
@@ -58,7 +58,7 @@ def test_grpc_raw_bytes(fuzz, call):
 
 
 # -- REST ------------------------------------------------------------------------------------------
-@settings(FUZZ, max_examples=examples(150))
+@settings(FUZZ, max_examples=examples(120))
 @given(request=cases.rest_predicts())
 def test_rest_predict_bodies(fuzz, request):
     fuzz.check("rest_predict", request, lambda: fuzz.server.http(*request))
