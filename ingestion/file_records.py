@@ -17,7 +17,6 @@ Beam knows works.
 from __future__ import annotations
 
 import posixpath
-import re
 import struct
 import zlib
 from typing import Iterator
@@ -31,6 +30,7 @@ from tensorflow.core.example import example_pb2
 from tfx_bsl.coders import example_coder
 
 from ingestion.images import looks_like_image, size_problem
+from ingestion.op_errors import op_message
 
 IMAGE_FEATURE = "image"
 LABEL_FEATURE = "label"
@@ -91,16 +91,6 @@ def parquet_records(path: str) -> Iterator[list[bytes]]:
             columns = [_feature_column(n, path, c.combine_chunks()) for n, c in zip(table.column_names, table.columns)]
             if table.num_rows:
                 yield _serialized(pa.RecordBatch.from_arrays(columns, names=table.column_names))
-
-
-_OP_NAMES = re.compile(r"{{.*?}}|\[\[.*?\]\]|\[Op:\w+\]")
-
-
-def op_message(exc) -> str:
-    """A TensorFlow op error's own words: its first line, without the op's and device's names (the
-    lines after it trace the graph)."""
-    lines = [line for line in _OP_NAMES.sub("", exc.message).splitlines() if line.strip()]
-    return " ".join(lines[0].split()) if lines else type(exc).__name__
 
 
 def _image_problem(content: bytes) -> str | None:

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 
+from ingestion.op_errors import op_message
 from pipeline.config import ConfigError, load_config
 from pipeline.deferred_imports import defer_unused_imports
 from pipeline.library_env import set_library_env
@@ -536,6 +537,8 @@ def _stop_message(exc: Exception, logged: bool) -> str | None:
     """The report for errors that stop a run by design (bad data, a failed parity gate), and for
     any other error of a command with a log (the traceback is there).
     Imported here, not at the top: they load TensorFlow, which `--help` should not wait for."""
+    import tensorflow as tf
+
     from tracking.registration import RegistryUnavailableError
     from trainer.tflite import ParityError
     from validation.anomalies import DataAnomaliesError
@@ -548,7 +551,8 @@ def _stop_message(exc: Exception, logged: bool) -> str | None:
         return None
     text = _BEAM_STEP.sub("", str(exc))
     if logged:  # the whole message is in the log, with the traceback: the terminal gets its first line
-        text = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        text = op_message(exc) if isinstance(exc, tf.errors.OpError) else lines[0] if lines else ""
     # Our own checks raise ValueError with a message naming what is wrong (a label of the wrong
     # kind, jit_compile with string features, a file that cannot be read...); OSError is e.g. a
     # port already in use.

@@ -301,7 +301,7 @@ def _predict(call, records: list[bytes], where: Callable[[int], str]) -> dict[st
     """The signature's outputs for a batch. An example the model refuses (a value of another kind,
     more values than its feature holds, an image that does not decode) is an error naming where it
     is in the data: once the batch is refused, its examples are tried one by one to find it."""
-    from ingestion.file_records import op_message
+    from ingestion.op_errors import op_message
 
     try:
         return call({names.INPUTS: np.array(records, dtype=object)})
