@@ -5,7 +5,7 @@ pieces until the header ends, however long it is. The protocol here counts a hea
 the parser sees them and hands it no more than http_max_header_bytes, then answers:
 
   431  a header line, the whole head or the header count over its limit
-  414  a URL over the line limit
+  414  a URL over the line limit (checked once the head is complete)
   413  a Content-Length over serving.max_request_bytes (before any of the body is read)
   408  a head not finished within http_header_timeout_seconds of its first byte
   503  a connection beyond http_max_connections (closed at once)
@@ -115,16 +115,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
 
-    # The parser's callbacks
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        if len(self.url) > self.max_line:
-            self._stop(414, f"the request's URL is over {self.max_line} bytes "
-                            "(serving.limits.http_max_header_line_bytes)")
+    # The parser's callbacks. They call uvicorn's by name: super() costs more than the checks.
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        super().on_header(name, value)
+        HttpToolsProtocol.on_header(self, name, value)
         if len(name) + len(value) > self.max_line:
             self._stop(431, f"header {name[:64].decode('latin-1')!r} is over {self.max_line} bytes "
                             "(serving.limits.http_max_header_line_bytes)")
@@ -135,15 +129,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                             "(serving.max_request_bytes)")
 
     def on_headers_complete(self) -> None:
+        # The URL is checked here, whole: while it arrives, the head's byte count bounds it.
+        if len(self.url) > self.max_line:
+            self._stop(414, f"the request's URL is over {self.max_line} bytes "
+                            "(serving.limits.http_max_header_line_bytes)")
         self.in_body = True
         self.head_room = self.max_head
         if self.head_timer is not None:  # tested here: most heads come in one read and never start one
             self._cancel_head_timer()
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def on_message_complete(self) -> None:
         self.in_body = False
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
 
     # Refusals
 
