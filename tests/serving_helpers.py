@@ -148,15 +148,16 @@ class ServerProcess:
         self._log.close()
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of a process and its descendants (a supervised server runs in a child)."""
+def tree_rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process and its descendants (a supervised server runs in a child);
+    `field` VmHWM: each one's peak instead."""
     total = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             total += int(line.split()[1]) * 1024
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
-            total += tree_rss_bytes(int(child))
+            total += tree_rss_bytes(int(child), field)
     return total
 
 

@@ -17,7 +17,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
-from tests.serving_helpers import ServerProcess, TfServingServer, add_version, example, export_model
+from tests.serving_helpers import ServerProcess, TfServingServer, add_version, example, export_model, tree_rss_bytes
 
 HALF_PLUS_TWO = Path(__file__).parent / "data" / "tf_serving" / "saved_model_half_plus_two_cpu"
 HALF_PLUS_TWO_EXAMPLE = example_pb2.Example()
@@ -104,19 +104,6 @@ def test_the_signatures_tensor_spec_is_checked_in_loopline_mode_only(servers):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expected serialized to be a vector, got shape: [1,1]" in error.details()
 
 
-def _tree_memory_kb(pid: int, field: str = "VmRSS") -> int:
-    """A /proc status figure (VmRSS: resident now; VmHWM: the peak) summed over a process and its
-    children (a supervised server runs in a child)."""
-    total = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            total += int(line.split()[1])
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            total += _tree_memory_kb(int(child), field)
-    return total
-
-
 LIMIT = 16 * 1024 * 1024  # serving.limits.max_request_elements' default
 
 
@@ -125,13 +112,13 @@ def test_over_the_element_limit_is_refused_before_anything_is_allocated(servers)
     # would be 160 MB of NumPy pointers and 640 MB of TensorFlow strings; refused from the
     # shape, it costs nothing.
     server, model, signature = servers["tf_serving_flags"]
-    before = _tree_memory_kb(server.proc.pid)
+    before = tree_rss_bytes(server.proc.pid)
     count = 20 * 1024 * 1024
     error = _predict(server, model, signature, [count], [EXAMPLES["tf_serving_flags"]])
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.details() == (f"input 'inputs': shape [{count}] has more than {LIMIT} values, the limit "
                                "(serving.limits.max_request_elements)")
-    assert _tree_memory_kb(server.proc.pid) - before < 100 * 1024
+    assert tree_rss_bytes(server.proc.pid) - before < 100 << 20
 
 
 def test_many_strings_are_refused_before_they_become_python_objects(servers):
@@ -139,13 +126,13 @@ def test_many_strings_are_refused_before_they_become_python_objects(servers):
     # their count (gRPC's buffers and the parsed message's arrays), +2.4 GB when they were decoded
     # (with the limit raised over them: Python objects, a NumPy array, TensorFlow's strings).
     server, model, signature = servers["tf_serving_flags"]
-    before = _tree_memory_kb(server.proc.pid, "VmHWM")
+    before = tree_rss_bytes(server.proc.pid, "VmHWM")
     count = LIMIT + 1024 * 1024
     error = _predict(server, model, signature, [count], [b"ab"] * count)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "the limit" in error.details()
-    grown = _tree_memory_kb(server.proc.pid, "VmHWM") - before
-    print(f"the server's peak RSS grew by {grown // 1024} MB")
-    assert grown < 1600 * 1024
+    grown = tree_rss_bytes(server.proc.pid, "VmHWM") - before
+    print(f"the server's peak RSS grew by {grown >> 20} MB")
+    assert grown < 1600 << 20
     # REST: a body with more commas than the limit has values is refused before it is parsed.
     body = b'{"inputs": [' + b"0," * count + b"0]}"
     connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=60)
