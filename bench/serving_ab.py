@@ -4,9 +4,9 @@ one batch thread, batch 1) at 1 and 16 clients, in interleaved rounds; not part 
     python -m bench.serving_ab supervise [rounds]
         containment's cost: `loopline serve` in one process (serving.supervise=false) vs under
         its supervisor (the default; serving/supervisor.py)
-    python -m bench.serving_ab code CHECKOUT [rounds]
+    python -m bench.serving_ab code BEFORE [AFTER] [rounds]
         a change's cost: the server of another checkout of loopline (e.g. `git worktree add
-        /tmp/before <commit>`), with its defaults, vs this one's, with its defaults
+        /tmp/before <commit>`), with its defaults, vs this one's (or AFTER's), with its defaults
 
 Rounds default to 3. Prints, and appends to bench/results/serving_ab.json, each round's figures
 and the medians over the rounds of the second side's p50 minus the first's at 1 client and its
@@ -35,20 +35,28 @@ def _differences(rounds: list[dict], first: str, second: str) -> dict:
             "req_per_s_ratio_c16": round(float(np.median(rate)), 3), "rounds_req_per_s_ratio_c16": rate}
 
 
-def sides(comparison: str, checkout: str | None) -> dict[str, dict]:
+def sides(comparison: str, checkouts: list[str]) -> dict[str, dict]:
     """{side: keyword arguments of bench.serving.ours}, the first side the baseline."""
     if comparison == "supervise":
         return {"plain": {"settings": [*SERVER_SETTINGS, "serving.supervise=false"]},
                 "supervised": {"settings": [*SERVER_SETTINGS, "serving.supervise=true"]}}
-    return {"before": {"settings": SERVER_SETTINGS, "repo": Path(checkout).resolve()},
-            "after": {"settings": SERVER_SETTINGS, "repo": REPO}}
+    before, after = [Path(c).resolve() for c in checkouts] if len(checkouts) == 2 else [Path(checkouts[0]).resolve(), REPO]
+    return {"before": {"settings": SERVER_SETTINGS, "repo": before}, "after": {"settings": SERVER_SETTINGS, "repo": after}}
 
 
-def run(comparison: str, checkout: str | None = None, rounds: int = 3) -> dict:
+def _commit(checkout: Path) -> str:
+    """A checkout named by its commit: a local path says nothing to another reader."""
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def run(comparison: str, checkouts: list[str], rounds: int = 3) -> dict:
     from serving.config import ServingConfig
     from serving.config_writer import write_serving_configs
 
-    compared = sides(comparison, checkout)
+    compared = sides(comparison, checkouts)
     work = Path(tempfile.mkdtemp(prefix="loopline-bench-ab-"))
     try:
         serving_root = work / "serving"
@@ -62,19 +70,14 @@ def run(comparison: str, checkout: str | None = None, rounds: int = 3) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     first, second = compared
     return {"comparison": comparison, "when": time.strftime("%Y-%m-%d %H:%M"), **_differences(measured, first, second),
-            "rounds": measured, "sides": {k: {**v, "repo": str(v.get("repo", "this checkout"))} for k, v in compared.items()}}
+            "rounds": measured, "sides": {k: {**v, "repo": _commit(v.get("repo", REPO))} for k, v in compared.items()}}
 
 
 def main(argv: list[str]) -> None:
     comparison, rest = argv[0], argv[1:]
-    checkout = rest.pop(0) if comparison == "code" else None
-    result = run(comparison, checkout, int(rest[0]) if rest else 3)
-    if comparison == "code":  # a local path says nothing to another reader: the commit does
-        import subprocess
-        result["sides"]["before"]["repo"] = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
-                                                           capture_output=True, text=True).stdout.strip()
-        result["sides"]["after"]["repo"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                                          capture_output=True, text=True).stdout.strip()
+    checkouts = [a for a in rest if not a.isdigit()]
+    rounds = [int(a) for a in rest if a.isdigit()]
+    result = run(comparison, checkouts, rounds[0] if rounds else 3)
     runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     RESULTS.write_text(json.dumps([*runs, result], indent=1) + "\n")
     print(json.dumps(result, indent=2))
