@@ -33,7 +33,7 @@ def fuzz(tmp_path_factory):
 
 
 # -- gRPC ------------------------------------------------------------------------------------------
-@settings(FUZZ, max_examples=examples(200))
+@settings(FUZZ, max_examples=examples(150))
 @given(call=cases.predict_calls())
 def test_grpc_predict(fuzz, call):
     fuzz.check("grpc_predict", call, lambda: fuzz.server.grpc(*call))
