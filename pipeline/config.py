@@ -142,12 +142,21 @@ class MlflowSection(_Section):
         "the server is down).")
 
 
+class TransformSection(_Section):
+    module_file: str | None = Field(
+        None, description="A TFX module file with `preprocessing_fn(inputs)` (tf.Transform): a Transform step after "
+        "SchemaGen analyzes it over the train split and applies it to every split (TFX's Transform artifacts: "
+        "`transform_graph`, `transformed_examples`); null: no Transform step.")
+
+
 class LooplineConfig(_Section):
     pipeline: PipelineSection = Field(PipelineSection(), description="The TFX pipeline: its name, where it writes, "
                                       "ML Metadata, caching, Beam.")
     data: DataSection = Field(DataSection(), description="The data to train on and how it is read.")
     trainer: TrainerConfig = Field(TrainerConfig(), description="The custom-loop trainer: the model, the step's "
                                    "controls, checkpoints, evaluation, summaries.")
+    transform: TransformSection = Field(TransformSection(), description="TFX's Transform step: a module file's "
+                                        "preprocessing_fn over the data (off by default).")
     serving: ServingConfig = Field(ServingConfig(), description="The served model and the embedded TF-Serving-compatible "
                                    "server (`loopline serve`).")
     export: ExportConfig = Field(ExportConfig(), description="What the Trainer writes besides the SavedModel: TFLite "
@@ -177,16 +186,16 @@ class LooplineConfig(_Section):
 
 # Keys holding paths, resolved against the config file's folder.
 _PATH_KEYS = (("pipeline", "root"), ("pipeline", "metadata_path"), ("data", "path"), ("trainer", "module_file"), ("data", "schema"),
-              ("data", "eval_path"), ("serving", "tls_cert"), ("serving", "tls_key"))
+              ("data", "eval_path"), ("transform", "module_file"), ("serving", "tls_cert"), ("serving", "tls_key"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
     """Applies one `dotted.key=value` to the raw mapping; the value is parsed as YAML."""
     key, sep, text = override.partition("=")
     key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"--set {override!r}: expected dotted.key=value")
     parts = key.split(".")
+    if not sep or not all(parts):  # no '=', or an empty key or part ('.x', 'a..b')
+        raise ConfigError(f"--set {override!r}: expected dotted.key=value")
     shown = key if key.isprintable() else repr(key)  # a line end in the key would break the message's line
     node = raw
     for i, part in enumerate(parts[:-1]):

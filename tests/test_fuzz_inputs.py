@@ -500,8 +500,12 @@ def test_config_values_are_taken_or_refused_naming_the_key(tmp_path, key, value,
     except ConfigError as error:
         assert_clear(error)
         key = f"{key}={value}".partition("=")[0].strip()  # the key as --set reads it
-        # The key as written or escaped, its parent (a value the key takes for a section), the file.
-        names = ([key, repr(key)[1:-1], key.rpartition(".")[0]] if key else ["--set"]) + [str(path) if path else ""]
+        # The key or the part of it that is wrong (an unknown section, a value the key takes for a
+        # section), as written or escaped; or the file.
+        parts = key.split(".")
+        prefixes = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+        names = [form for prefix in prefixes for form in (prefix, repr(prefix)[1:-1])] if key else ["--set"]
+        names.append(str(path) if path else "")
         assert any(name and name in str(error) for name in names), (names, str(error))
         return
     try:
@@ -516,6 +520,7 @@ CONFIG_FOUND = {  # each escaped as another error, or as several lines
     "unknown key holding a line end": (None, ["a\nb=1"], r"unknown key 'a\\nb'"),
     "a --set value that is not YAML": (None, ["data.label=["], r"--set data.label: the value '\[' is not YAML \(line 1"),
     "a line end in a --set key": (None, ["0\n0=["], r"--set '0\\n0': the value '\[' is not YAML"),
+    "a --set key with an empty part": (None, [".="], r"--set '\.=': expected dotted.key=value"),
 }
 
 
