@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -58,6 +58,9 @@ class LimitsConfig(_Section):
         10.0, gt=0, description="Seconds a client has to send a REST request's whole head, from its first byte; "
         "a slower or endless head is answered 408 and the connection closed. A kept-alive connection idle between "
         "requests is not timed by this but by http_keep_alive_seconds.")
+    http_body_timeout_seconds: float = Field(
+        60.0, gt=0, description="Seconds a REST request's body may go without a byte arriving once its head is "
+        "complete (nginx's client_body_timeout); a stalled body's connection is answered 408 and closed.")
     http_keep_alive_seconds: float = Field(
         30.0, gt=0, description="Seconds an idle REST connection stays open: between requests, and before the first "
         "one.")
@@ -107,6 +110,16 @@ class ServingConfig(_Section):
     cpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, description=(
         "Pin `loopline serve` to these CPU ids (Linux), e.g. [1] to keep it off the cores its clients use; on one core "
         "its threads hand requests to each other without crossing cores. null: all CPUs."))
+    prefer_tflite: bool = Field(False, description=(
+        "Serve a version folder's `model.tflite` through the TFLite interpreter instead of its SavedModel, where it "
+        "has one (TF Serving's --prefer_tflite_model); folders without one serve their SavedModel (docs/serving.md, "
+        "TFLite models)."))
+    tflite_variant: Literal["float32", "dynamic_range", "float16", "int8"] = Field("float32", description=(
+        "The TFLite variant (export.tflite_variants) the Pusher writes into each version folder as `model.tflite`; "
+        "a push whose model has no such variant (not exported, or dropped by the parity gate) writes none."))
+    tflite_interpreters: int | None = Field(None, ge=1, description=(
+        "Interpreters per loaded TFLite version (TF Serving's --num_tflite_pools): an interpreter runs one request "
+        "at a time, so this is how many run at once. null: one per CPU, TF Serving's default."))
     limits: LimitsConfig = Field(LimitsConfig(), description=(
         "Request and connection limits, checked before anything reaches the model (docs/serving.md, Limits)."))
     batching: BatchingConfig = Field(BatchingConfig(), description=(

@@ -7,7 +7,8 @@ the parser sees them and hands it no more than http_max_header_bytes, then answe
   431  a header line, the whole head or the header count over its limit
   414  a URL over the line limit (checked once the head is complete)
   413  a Content-Length over serving.max_request_bytes (before any of the body is read)
-  408  a head not finished within http_header_timeout_seconds of its first byte
+  408  a head not finished within http_header_timeout_seconds of its first byte, or a body with no
+       byte for http_body_timeout_seconds
   503  a connection beyond http_max_connections (closed at once)
 
 Each answer is `{"error": ...}` naming the limit and its option, and the connection closes. The
@@ -59,6 +60,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.head_room = self.max_head  # bytes the head being read may still take
         self.in_body = False  # between a head's end and its message's end: bytes are not head bytes
         self.head_timer = None
+        self.body_timer = None  # armed only while a body spans reads (most come whole with their head)
         self.refused = False  # answered and closing: nothing more is parsed
 
     # The connection
@@ -77,6 +79,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -96,8 +99,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if not self.in_body:
             self.head_room -= len(data)
         self._feed(data)
+        if self.refused:
+            return
+        if self.in_body:  # a body still to come: no byte for its timeout, and it is refused
+            self._cancel_body_timer()
+            self.body_timer = self.loop.call_later(self.limits.http_body_timeout_seconds, self._body_timed_out)
         # A head begun and not finished: its deadline runs from this read, the one its first byte came in.
-        if not self.in_body and self.head_room < self.max_head and self.head_timer is None and not self.refused:
+        elif self.head_room < self.max_head and self.head_timer is None:
             self.head_timer = self.loop.call_later(self.limits.http_header_timeout_seconds, self._head_timed_out)
 
     def _feed(self, data: bytes) -> None:
@@ -141,6 +149,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self.in_body = False
+        if self.body_timer is not None:
+            self._cancel_body_timer()
         HttpToolsProtocol.on_message_complete(self)
 
     # Refusals
@@ -151,6 +161,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._refuse(408, f"the request head was not complete within {self.limits.http_header_timeout_seconds:g} s "
                               "of its first byte (serving.limits.http_header_timeout_seconds)")
 
+    def _body_timed_out(self) -> None:
+        self.body_timer = None
+        if not self.refused and not self.transport.is_closing():
+            self._refuse(408, f"the request body sent nothing for {self.limits.http_body_timeout_seconds:g} s "
+                              "(serving.limits.http_body_timeout_seconds)")
+
     def _stop(self, status: int, message: str):
         self._refuse(status, message)
         raise _Refused(message)
@@ -159,13 +175,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """Answers `status` and closes; what the client still sends is dropped until it closes."""
         self.refused = True
         self._cancel_head_timer()
+        self._cancel_body_timer()
         if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()  # an earlier request's answer is under way: no answer can go in between
-            return
+            if self.cycle.response_started:
+                self.transport.close()  # an earlier request's answer is under way: no answer can go in between
+                return
+            # The request being read (a stalled body): its application sees a disconnect, and the
+            # answer is this one.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         self.transport.write(_answer(status, message, self.server_state.default_headers))
         self.transport.write_eof()
         self.flow.resume_reading()  # keep reading (and dropping) so that the close is not a reset
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def _cancel_body_timer(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
 
     def _cancel_head_timer(self) -> None:
         if self.head_timer is not None:

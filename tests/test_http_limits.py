@@ -19,7 +19,7 @@ PREDICT_BODY = json.dumps({"signature_name": "predict_raw", "instances": [
     {"bill_length_mm": [40.0], "flipper_length_mm": [190.0], "island": ["Dream"]}]}).encode()
 PREDICT = (b"POST /v1/models/penguins:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n" % len(PREDICT_BODY) + PREDICT_BODY)
-HEAD_TIMEOUT_SECONDS, KEEP_ALIVE_SECONDS, MAX_REQUEST_BYTES = 1, 3, 65536
+HEAD_TIMEOUT_SECONDS, BODY_TIMEOUT_SECONDS, KEEP_ALIVE_SECONDS, MAX_REQUEST_BYTES = 1, 1, 3, 65536
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def server(tmp_path_factory, exported):
     write_serving_configs(str(workspace / "serving"), ServingConfig())
     server = ServerProcess(workspace, f"serving.limits.http_header_timeout_seconds={HEAD_TIMEOUT_SECONDS}",
                            f"serving.limits.http_keep_alive_seconds={KEEP_ALIVE_SECONDS}",
+                           f"serving.limits.http_body_timeout_seconds={BODY_TIMEOUT_SECONDS}",
                            f"serving.max_request_bytes={MAX_REQUEST_BYTES}")
     try:
         yield server
@@ -136,6 +137,24 @@ def test_a_slow_head_gets_408_after_the_head_deadline(server):
             answer += more
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert b"http_header_timeout_seconds" in answer
+
+
+def test_a_stalled_body_is_closed_after_the_body_timeout_and_a_slow_one_is_read(server):
+    """A Content-Length the client never sends in full (the fuzzer's connection that stayed open)."""
+    head, body = PREDICT[:PREDICT.index(b"\r\n\r\n") + 4], PREDICT[PREDICT.index(b"\r\n\r\n") + 4:]
+    with connect(server.rest_port, timeout=BODY_TIMEOUT_SECONDS * 10) as sock:
+        sock.sendall(head + body[:5])
+        answer = b""
+        while (more := sock.recv(65536)):
+            answer += more
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"http_body_timeout_seconds" in answer, answer
+    # A body whose bytes keep coming, each within the timeout, is read and answered.
+    with connect(server.rest_port) as sock, sock.makefile("rb") as reader:
+        sock.sendall(head)
+        for start in range(0, len(body), max(1, len(body) // 3)):
+            time.sleep(BODY_TIMEOUT_SECONDS * 0.6)
+            sock.sendall(body[start:start + max(1, len(body) // 3)])
+        assert read_answer(reader)[0] == 200
 
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive(server):
