@@ -20,6 +20,7 @@ from components.serving_configs import ServingConfigs
 from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
+from components.transform import Transform
 from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
@@ -125,10 +126,14 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     target = tracking_target(config)
     trainer, evaluator = _training(config, target, example_gen, statistics_gen, schema_gen, example_validator)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
+    transform = _transform(config, example_gen, statistics_gen, schema_gen)
+    if transform is not None:
+        transform.add_upstream_node(data_gate)  # no analysis of data that failed validation
+        trainer.add_upstream_node(transform)
     pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
                                                            statistics_gen, schema_gen)
-    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, trainer, evaluator, pusher,
-                  baseline_recorder, serving_configs]
+    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform]),
+                  trainer, evaluator, pusher, baseline_recorder, serving_configs]
     if target:
         components.append(_registrar(config, target, example_gen, statistics_gen, schema_gen, trainer, evaluator,
                                      pusher, run_id_placeholder))
@@ -174,6 +179,16 @@ def _data_validation(config: LooplineConfig, example_gen, statistics_gen, local_
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
     return schema_gen, example_validator, data_gate
+
+
+def _transform(config: LooplineConfig, example_gen, statistics_gen, schema_gen):
+    """TFX's Transform step (`transform.module_file`'s preprocessing_fn), None when it is off."""
+    module_file = config.transform.module_file
+    if module_file is None:
+        return None
+    return Transform(examples=example_gen.outputs["examples"], schema=schema_gen.outputs["schema"],
+                     statistics=statistics_gen.outputs["statistics"], module_file=module_file,
+                     module_sha256=_module_digest(module_file))
 
 
 def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator):
