@@ -30,7 +30,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_p
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
 from tests.fuzz_serving_cases import MAX_BODY_BYTES, MODEL, valid_predict
-from tests.serving_helpers import ServerProcess, add_version, export_model
+from tests.serving_helpers import ServerProcess, add_version, child_pids, export_model, listening_sockets, running
 
 EXAMPLES_VARIABLE = "LOOPLINE_FUZZ_EXAMPLES"  # cases per target; unset: each test's CI budget
 REPORT_VARIABLE = "LOOPLINE_FUZZ_REPORT"  # where `make fuzz` writes the JSON report (and .md beside it)
@@ -109,20 +109,22 @@ def prepare_workspace(workspace: Path) -> Path:
 class FuzzServer:
     """`loopline serve` on the workspace's model, started again after a case kills it."""
 
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, overrides: tuple[str, ...] = (), valid_request=valid_predict):
         self.workspace = workspace
+        self.overrides = overrides  # serving keys beyond SERVER_OVERRIDES
+        self.valid_request = valid_request  # what the server must still answer between cases
         self.restarts = 0
         self._start()
 
     def _start(self) -> None:
-        self.process = ServerProcess(self.workspace, *SERVER_OVERRIDES)
+        self.process = ServerProcess(self.workspace, *SERVER_OVERRIDES, *self.overrides)
         unlimited = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         self.channel = grpc.insecure_channel(self.process.grpc_target, options=unlimited)
         self.prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self._raw: dict[str, object] = {}
         self._http: http.client.HTTPConnection | None = None
-        self.prediction.Predict(valid_predict(), timeout=CALL_SECONDS)  # warm: the memory bound starts here
+        self.prediction.Predict(self.valid_request(), timeout=CALL_SECONDS)  # warm: the memory bound starts here
         self.pid = self._serving_pid()
         self.start_rss = self.rss()
 
@@ -130,12 +132,8 @@ class FuzzServer:
         """The process holding the gRPC port's listening socket: `loopline serve` itself or, when it
         supervises (serving.supervise), its child, which a crash would replace unseen."""
         top = self.process.proc.pid
-        try:
-            children = Path(f"/proc/{top}/task/{top}/children").read_text().split()
-        except OSError:
-            children = []
-        sockets = _listening_sockets(self.process.grpc_port)
-        for pid in [top, *map(int, children)]:
+        sockets = listening_sockets(self.process.grpc_port)
+        for pid in [top, *child_pids(top)]:
             try:
                 if any(os.readlink(fd) in sockets for fd in Path(f"/proc/{pid}/fd").iterdir()):
                     return pid
@@ -146,7 +144,7 @@ class FuzzServer:
     def alive(self, wait: float = 0.0) -> bool:
         """Whether the serving process still runs; `wait`: seconds a dying one gets to be seen gone."""
         deadline = time.monotonic() + wait
-        while self.process.proc.poll() is None and _running(self.pid):
+        while self.process.proc.poll() is None and running(self.pid):
             if time.monotonic() >= deadline:
                 return True
             time.sleep(0.05)
@@ -262,29 +260,6 @@ class FuzzServer:
                             f"(serving.limits.http_header_timeout_seconds={HEADER_TIMEOUT_SECONDS})")
 
 
-def _listening_sockets(port: int) -> set[str]:
-    """`socket:[inode]` of each TCP socket listening on `port` (/proc/net/tcp, tcp6)."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            columns = row.split()
-            if columns[3] == "0A" and int(columns[1].rsplit(":", 1)[1], 16) == port:
-                found.add(f"socket:[{columns[9]}]")
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _grpc_answer(error: grpc.RpcError) -> Answer:
     code, details = error.code(), error.details() or ""
     if code not in ALLOWED_CODES:
@@ -397,7 +372,7 @@ class Oracle:
     def probe(self, target: str, case=None) -> None:
         """A valid request must still be answered (a server may live on and serve nothing)."""
         try:
-            answer = self.server.grpc("Predict", valid_predict())
+            answer = self.server.grpc("Predict", self.server.valid_request())
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the finding
             answer = Answer(type(exc).__name__, details=str(exc))
         if answer.label != "OK":

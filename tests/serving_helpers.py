@@ -148,6 +148,51 @@ class ServerProcess:
         self._log.close()
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc); a supervised server is its supervisor's child."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(p) for p in children.read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent to read its status."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def listening_sockets(port: int) -> dict[str, str]:
+    """{`socket:[inode]`: local address} of each TCP socket listening on `port` (/proc/net/tcp{,6})."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            columns = row.split()
+            address, hex_port = columns[1].split(":")
+            if columns[3] == "0A" and int(hex_port, 16) == port:
+                found[f"socket:[{columns[9]}]"] = _address(bytes.fromhex(address))
+    return found
+
+
+def _address(raw: bytes) -> str:
+    """An address as /proc/net/tcp writes it (32-bit words in host order), as text."""
+    import ipaddress
+
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    v6 = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return str(v6.ipv4_mapped or v6)  # ::ffff:127.0.0.1 is still loopback
+
+
 def tree_rss_bytes(pid: int, field: str = "VmRSS") -> int:
     """Resident memory of a process and its descendants (a supervised server runs in a child);
     `field` VmHWM: each one's peak instead."""
@@ -155,9 +200,8 @@ def tree_rss_bytes(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
             total += int(line.split()[1]) * 1024
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            total += tree_rss_bytes(int(child), field)
+    for child in child_pids(pid):
+        total += tree_rss_bytes(child, field)
     return total
 
 

@@ -20,7 +20,7 @@ from tensorflow_serving.apis import (get_model_status_pb2, model_service_pb2_grp
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
 from tests.conftest import REPO, subprocess_env
-from tests.serving_helpers import ServerProcess, add_version, wait_for
+from tests.serving_helpers import ServerProcess, add_version, child_pids, running, wait_for
 
 FAST_RESTARTS = ("serving.restart_delay_seconds=0.1",)
 
@@ -78,22 +78,6 @@ def predict(target: str, request) -> np.ndarray:
     with grpc.insecure_channel(target) as channel:
         response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
     return tf.make_ndarray(response.outputs["y"])
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes `pid` started (Linux /proc)."""
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        found += [int(p) for p in children.read_text().split()]
-    return found
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting for its parent to read its status."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def restarts_metric(server: ServerProcess) -> str:

@@ -19,7 +19,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
 from tests.conftest import subprocess_env
-from tests.serving_helpers import ServerProcess, add_version, export_model, wait_for
+from tests.serving_helpers import ServerProcess, add_version, export_model, listening_sockets, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -43,28 +43,6 @@ def request(bill: float = 40.0):
 
 def folder_digest(path) -> dict[str, str]:
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-def listening_addresses(port: int) -> set[str]:
-    """Local addresses with a listening TCP socket on `port`, from /proc/net/tcp{,6}."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = open(table).read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.split(":")
-            if state == "0A" and int(hex_port, 16) == port:
-                raw = bytes.fromhex(address)
-                if len(raw) == 4:
-                    found.add(str(ipaddress.IPv4Address(raw[::-1])))
-                else:
-                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-                    v6 = ipaddress.IPv6Address(words)
-                    found.add(str(v6.ipv4_mapped or v6))  # ::ffff:127.0.0.1 is still loopback
-    return found
 
 
 class Traffic:
@@ -218,8 +196,8 @@ def test_tls_and_loopback_only(workspace, tmp_path):
     cert, key = _self_signed(tmp_path)
     server = ServerProcess(workspace, f"serving.tls_cert={cert}", f"serving.tls_key={key}")
     try:
-        assert listening_addresses(server.grpc_port) == {"127.0.0.1"}
-        assert listening_addresses(server.rest_port) == {"127.0.0.1"}
+        assert set(listening_sockets(server.grpc_port).values()) == {"127.0.0.1"}
+        assert set(listening_sockets(server.rest_port).values()) == {"127.0.0.1"}
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(server.grpc_target, credentials) as channel:
             response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request(), timeout=20)
