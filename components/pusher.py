@@ -30,6 +30,8 @@ class PusherSpec(standard_component_specs.PusherSpec):
         # aliases point to; "" without one.
         "tracking": ExecutionParameter(type=str, optional=True),
         "registered_model": ExecutionParameter(type=str, optional=True),
+        # The TFLite variant published as the version's model.tflite (serving.tflite_variant).
+        "tflite_variant": ExecutionParameter(type=str, optional=True),
     }
 
 
@@ -47,10 +49,28 @@ class PusherExecutor(tfx_pusher.Executor):
         destination = pusher_pb2.PushDestination()
         proto_utils.json_to_proto(exec_properties[standard_component_specs.PUSH_DESTINATION_KEY], destination)
         base = destination.filesystem.base_directory
-        result = push_model(model_path, base)
+        result = push_model(model_path, base, _tflite_model(input_dict, exec_properties.get("tflite_variant") or ""))
         io_utils.copy_dir(model_path, pushed.uri)  # the archive copy TFX's Pusher keeps
         self._MarkPushed(pushed, pushed_destination=result.path, pushed_version=str(result.version))
         _retain(base, exec_properties)
+
+
+def _tflite_model(input_dict: dict[str, list[types.Artifact]], variant: str) -> str | None:
+    """The model's TFLite `variant` as the Trainer exported it; None when it was not exported or
+    was dropped by the parity gate (the push then has no model.tflite)."""
+    import tensorflow as tf
+
+    from trainer.export import TFLITE_DIR
+
+    if not variant:
+        return None
+    model_uri = artifact_utils.get_single_uri(input_dict[standard_component_specs.MODEL_KEY])
+    path = os.path.join(model_uri, TFLITE_DIR, f"model_{variant}.tflite")
+    if not tf.io.gfile.exists(path):
+        logging.getLogger("loopline").warning("no TFLite %s variant in %s: the version is pushed without model.tflite",
+                                              variant, model_uri)
+        return None
+    return path
 
 
 def _retain(base: str, exec_properties: dict[str, Any]) -> None:
@@ -72,17 +92,19 @@ def _retain(base: str, exec_properties: dict[str, Any]) -> None:
 class Pusher(base_component.BaseComponent):
     """Pushes a blessed model to `base_directory` (TF Serving's base path for the model) as a new
     version, then keeps the newest `keep_versions` there (and what models.config or an alias of
-    `registered_model` in the registry at `tracking` names)."""
+    `registered_model` in the registry at `tracking` names). The model's TFLite `tflite_variant`
+    goes into the version as model.tflite ("": none)."""
 
     SPEC_CLASS = PusherSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(PusherExecutor)
 
     def __init__(self, model, model_blessing, base_directory: str, keep_versions: int, tracking: str = "",
-                 registered_model: str = ""):
+                 registered_model: str = "", tflite_variant: str = "float32"):
         super().__init__(PusherSpec(
             model=model, model_blessing=model_blessing,
             push_destination=pusher_pb2.PushDestination(
                 filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=base_directory)),
             keep_versions=keep_versions, tracking=tracking, registered_model=registered_model,
+            tflite_variant=tflite_variant,
             pushed_model=types.Channel(type=standard_artifacts.PushedModel),
         ))

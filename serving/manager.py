@@ -27,7 +27,8 @@ from serving.model_config import is_remote, model_config_path, path_is_under, re
 from serving.options import ServerOptions
 from serving.request_log import OFF
 from serving.request_limits import RequestLimits
-from serving.servable import Servable, graph_error
+from serving.servable import LoadedVersion, Servable, graph_error
+from serving.tflite_servable import TfLiteServable, tflite_file
 from serving.storage_source import StoragePathSource, aspired_versions, folder_fingerprint
 from serving.warmup import warm_up
 
@@ -44,18 +45,25 @@ class Failure(NamedTuple):
 @dataclass
 class ModelState:
     entry: model_server_config_pb2.ModelConfig
-    loaded: dict[int, Servable] = field(default_factory=dict)
+    loaded: dict[int, LoadedVersion] = field(default_factory=dict)
     failed: dict[int, Failure] = field(default_factory=dict)
 
 
 def load_servable(name: str, version: int, path: str, config: ServingConfig, limits: RequestLimits, metrics=None,
-                  options: ServerOptions | None = None) -> Servable:
+                  options: ServerOptions | None = None) -> LoadedVersion:
     """Loads a version and replays its warmup requests (serving.warmup); raises with the reason
-    when either fails, leaving nothing loaded."""
+    when either fails, leaving nothing loaded. With serving.prefer_tflite a folder holding
+    `model.tflite` is served through the TFLite interpreter (serving.tflite_servable); its
+    warmup file, written for the SavedModel's signatures, is replayed only with TF Serving's
+    rules, as TF Serving replays it."""
     options = options or ServerOptions()
-    servable = Servable(name, version, path, config.batching, limits, config.intra_op_threads,
-                        options.saved_model_tags)
-    if config.warmup:
+    if config.prefer_tflite and tflite_file(path):
+        servable = TfLiteServable(name, version, path, config.batching, limits,
+                                  config.tflite_interpreters or os.cpu_count() or 1)
+    else:
+        servable = Servable(name, version, path, config.batching, limits, config.intra_op_threads,
+                            options.saved_model_tags)
+    if config.warmup and (options.tf_serving_rules or isinstance(servable, Servable)):
         try:
             warm_up(servable, config.signature_method_name_check, metrics, options.warmup_iterations)
         except ServingError as exc:
@@ -248,7 +256,7 @@ class ModelManager:
         return {version: Failure(fingerprint, grpc.StatusCode.UNKNOWN, message)
                 for version, (fingerprint, message) in self.load_journal.crashed_versions(name).items()}
 
-    def _retire(self, servable: Servable) -> None:
+    def _retire(self, servable: LoadedVersion) -> None:
         def wait_and_unload():
             if not servable.wait_idle(timeout=60):
                 log.warning("model %s version %d: requests still in flight after 60s; unloading", servable.name, servable.version)
@@ -283,7 +291,7 @@ class ModelManager:
             return sorted(name for name, state in self._models.items() if not state.loaded and not state.failed)
 
     # -- requests ------------------------------------------------------------------------------
-    def resolve(self, spec) -> Servable:
+    def resolve(self, spec) -> LoadedVersion:
         """The loaded version a ModelSpec asks for, counted in flight: use it as `with resolve(spec) as s:`.
         TF Serving's ServerCore::GetServableHandle, with its codes and messages."""
         name = spec.name

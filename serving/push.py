@@ -3,8 +3,9 @@ and an interrupted push leaves nothing a server loads or a gate trusts.
 
 The version is max(now in seconds, highest number taken + 1), so versions always increase and TF
 Serving's `latest` policy serves the newest push even when the pushing machines' clocks differ.
-The model is first written under a hidden temporary name beside the versions (`.push-<id>`,
-saved_model.pb last), then published under its number:
+The model (and its TFLite variant as model.tflite, when one is given) is first written under a
+hidden temporary name beside the versions (`.push-<id>`, saved_model.pb last), then published
+under its number:
 
 - local filesystem: renamed. rename(2) is atomic and refuses a non-empty target, so of two pushes
   renaming to one number exactly one gets it and the other takes the next free number.
@@ -35,6 +36,7 @@ from serving import create_only
 log = logging.getLogger("loopline.push")
 
 SAVED_MODEL = "saved_model.pb"
+TFLITE_MODEL = "model.tflite"  # where TF Serving's --prefer_tflite_model looks (saved_model_bundle_factory.cc)
 TEMP_PREFIX = ".push-"
 CLAIMS = ".claims"
 STALE_AFTER_S = 3600
@@ -66,14 +68,17 @@ def claim_path(base: str, version: int) -> str:
     return f"{base.rstrip('/')}/{CLAIMS}/{version}"
 
 
-def push_model(model_dir: str, base: str) -> Pushed:
-    """Publishes the SavedModel in `model_dir` as the next version under `base`."""
+def push_model(model_dir: str, base: str, tflite_model: str | None = None) -> Pushed:
+    """Publishes the SavedModel in `model_dir` as the next version under `base`; `tflite_model`: a
+    TFLite file published beside it as `model.tflite` (TF Serving's --prefer_tflite_model serves it)."""
     tf.io.gfile.makedirs(base)
     remove_leftovers(base)
     push_id = _new_push_id()
     temp = f"{base.rstrip('/')}/{TEMP_PREFIX}{push_id}"
     with _in_progress(push_id):
         try:
+            if tflite_model:  # first: the folder is complete only once saved_model.pb is written
+                _copy_file(tflite_model, f"{temp}/{TFLITE_MODEL}", None)
             _copy_tree(model_dir, temp)
             if create_only.is_local(base):
                 version = _rename_to_free_number(temp, base)

@@ -43,31 +43,15 @@ def graph_error(exc: Exception) -> ServingError:
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
-class Servable:
-    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, limits: RequestLimits,
-                 intra_op_threads: int = 0, tags=SERVE_TAGS):
-        self.name, self.version, self.path = name, version, path
-        self.limits = limits  # what one request's tensors may be (serving/request_limits.py)
-        check_version_dir(path)
-        # Every SignatureDef, as GetModelMetadata lists them; the callable ones (not `__...`).
-        self.all_signature_defs = read_signature_defs(path, tags)
-        self.signature_defs = {k: v for k, v in self.all_signature_defs.items() if not k.startswith("__")}
-        self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads, tags)
-        self._functions = self._callers.callers
-        self.call_mode = self._callers.mode
-        self.description = {}
-        sig_file = names.signature_file(path)
-        if tf.io.gfile.exists(sig_file):
-            with tf.io.gfile.GFile(sig_file) as f:
-                self.description = json.loads(f.read())
+class LoadedVersion:
+    """What every loaded version shares, whatever runs it (a SavedModel here, a TFLite model in
+    serving.tflite_servable): in-flight accounting, the dtype check before a run, the signatures'
+    input shapes. A subclass sets name, version, path, limits and signature_defs."""
+    signature_defs: dict
+
+    def _init_shared(self) -> None:
         self._feeds: dict[str, dict[str, tuple]] = {}
         self._shapes: dict[str, dict[str, SpecShape]] = {}
-        self._batchers = {}
-        if batching is not None and batching.enabled:
-            for key in self._functions:
-                self._batchers[key] = Batcher(
-                    lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
-                    batching.num_batch_threads, batching.max_enqueued_batches)
         self._in_flight = 0
         self._lock = threading.Lock()  # its C context manager: cheaper per request than a Condition's
         self._idle = threading.Condition(self._lock)
@@ -76,7 +60,7 @@ class Servable:
     # In-flight accounting: the manager unloads a version only once its requests have finished.
     # `acquire()` counts a request in (the manager does it while resolving the model spec);
     # leaving the `with` block counts it out.
-    def acquire(self) -> "Servable":
+    def acquire(self) -> "LoadedVersion":
         with self._lock:
             self._in_flight += 1
         return self
@@ -97,9 +81,6 @@ class Servable:
                 return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
             finally:
                 self._idle_waiters -= 1
-
-    def unload(self) -> None:
-        self._callers.close()  # also empties self._functions, the same dict
 
     def check_dtypes(self, key: str, inputs: dict[str, np.ndarray]) -> None:
         """The one check before a run: each input's dtype, as DirectSession's call frame checks feeds
@@ -127,6 +108,35 @@ class Servable:
         if shapes is None:
             shapes = self._shapes[name] = signature_shapes(self.signature_defs[name or names.DEFAULT])
         return shapes
+
+
+class Servable(LoadedVersion):
+    def __init__(self, name: str, version: int, path: str, batching: BatchingConfig | None, limits: RequestLimits,
+                 intra_op_threads: int = 0, tags=SERVE_TAGS):
+        self.name, self.version, self.path = name, version, path
+        self.limits = limits  # what one request's tensors may be (serving/request_limits.py)
+        check_version_dir(path)
+        # Every SignatureDef, as GetModelMetadata lists them; the callable ones (not `__...`).
+        self.all_signature_defs = read_signature_defs(path, tags)
+        self.signature_defs = {k: v for k, v in self.all_signature_defs.items() if not k.startswith("__")}
+        self._callers = SignatureCallers(path, self.signature_defs, intra_op_threads, tags)
+        self._functions = self._callers.callers
+        self.call_mode = self._callers.mode
+        self.description = {}
+        sig_file = names.signature_file(path)
+        if tf.io.gfile.exists(sig_file):
+            with tf.io.gfile.GFile(sig_file) as f:
+                self.description = json.loads(f.read())
+        self._init_shared()
+        self._batchers = {}
+        if batching is not None and batching.enabled:
+            for key in self._functions:
+                self._batchers[key] = Batcher(
+                    lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
+                    batching.num_batch_threads, batching.max_enqueued_batches)
+
+    def unload(self) -> None:
+        self._callers.close()  # also empties self._functions, the same dict
 
     def _call(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -91,9 +91,11 @@ FLAGS = [  # main.cc's order
     Flag("monitoring_config_file", "string", ""),
     _warned("remove_unused_fields_from_bundle_metagraph", "bool", True,
             "only the SignatureDefs are kept beside the loaded graph, either way"),
-    _refused("prefer_tflite_model", "bool", False, "TFLite models are not served (SavedModels only)"),
-    _warned("num_tflite_pools", "int32", _CPUS, "TFLite models are not served"),
-    _warned("num_tflite_interpreters_per_pool", "int32", 1, "TFLite models are not served"),
+    Flag("prefer_tflite_model", "bool", False),
+    Flag("num_tflite_pools", "int32", _CPUS),
+    _warned("num_tflite_interpreters_per_pool", "int32", 1,
+            "a TFLite model's interpreters take one request each, with no batch scheduler per pool "
+            "(--enable_batching batches requests before they reach the pool)"),
     Flag("enable_signature_method_name_check", "bool", False),
     _warned("xla_cpu_compilation_enabled", "bool", False, "XLA JIT is left as TensorFlow sets it"),
     _warned("xla_gpu_compilation_enabled", "bool", False, "XLA JIT is left as TensorFlow sets it"),
@@ -319,6 +321,7 @@ def serving_config(v: dict, base: ServingConfig) -> ServingConfig:
         grpc_port=v["port"], rest_port=v["rest_api_port"], warmup=v["enable_model_warmup"],
         signature_method_name_check=v["enable_signature_method_name_check"], grpc_workers=max(v["grpc_max_threads"], 1),
         intra_op_threads=max(intra, 0), inter_op_threads=max(inter, 0), batching=batching(v).model_dump(),
+        prefer_tflite=v["prefer_tflite_model"], tflite_interpreters=max(v["num_tflite_pools"], 1),
     )
     for key, tf_serving_value in (("host", ALL_INTERFACES), ("max_request_bytes", INT32_MAX)):
         if key not in base.model_fields_set:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import predict_pb2
 
@@ -137,3 +138,52 @@ REGRESSIONS = {  # name: (sender, case)
 def test_regression(fuzz, name):
     sender, case = REGRESSIONS[name]
     fuzz.check(f"regression {name}", case, lambda: getattr(fuzz.server, sender)(*case))
+
+
+# -- a TFLite-served model (serving.prefer_tflite) -------------------------------------------------
+def _valid_raw_predict() -> predict_pb2.PredictRequest:
+    """The TFLite model's one signature, `predict_raw`, on valid [1, 1] inputs."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = cases.MODEL, "predict_raw"
+    for name in cases.RAW_INPUTS:
+        request.inputs[name].CopyFrom(cases.valid_tensor(name))
+    return request
+
+
+@st.composite
+def raw_predict_calls(draw) -> tuple[str, predict_pb2.PredictRequest, bool]:
+    """`predict_raw` calls with one input fuzzed (any dtype, shape and values) and the others valid:
+    with the signature's shape check off, as TF Serving's mode runs, they reach the interpreter."""
+    request = _valid_raw_predict()
+    fuzzed = draw(st.sampled_from(sorted(cases.RAW_INPUTS)))
+    request.inputs[fuzzed].CopyFrom(draw(cases.tensors(cases.RAW_INPUTS[fuzzed])))
+    return "Predict", request, False
+
+
+@pytest.fixture(scope="module")
+def fuzz_tflite(tmp_path_factory):
+    """The fuzzed model's float32 TFLite variant as its version's model.tflite, served through the
+    interpreter (two of them), with the signature's shape check off."""
+    from trainer import tflite
+
+    workspace = prepare_workspace(tmp_path_factory.mktemp("fuzz_tflite"))
+    version = workspace / "serving" / cases.MODEL / "1"
+    (version / "model.tflite").write_bytes(tflite.convert_variants(str(version), ["float32"])["float32"])
+    server = FuzzServer(workspace, ("serving.prefer_tflite=true", "serving.tflite_interpreters=2",
+                                    "serving.limits.check_signature_shapes=false"), _valid_raw_predict)
+    try:
+        yield Oracle(server)
+    finally:
+        server.stop()
+
+
+@settings(FUZZ, max_examples=examples(100))
+@given(call=raw_predict_calls())
+def test_grpc_predict_tflite(fuzz_tflite, call):
+    fuzz_tflite.check("grpc_predict_tflite", call, lambda: fuzz_tflite.server.grpc(*call))
+
+
+@settings(FUZZ, max_examples=examples(40))
+@given(call=cases.predict_calls())
+def test_grpc_predict_any_signature_tflite(fuzz_tflite, call):
+    fuzz_tflite.check("grpc_predict_any_tflite", call, lambda: fuzz_tflite.server.grpc(*call))

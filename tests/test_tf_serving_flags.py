@@ -70,7 +70,7 @@ def test_build_and_start_checks(capsys, argv, message):
     assert capsys.readouterr().err.strip() == f"Failed to start server. Error: INVALID_ARGUMENT: {message}"
 
 
-@pytest.mark.parametrize("flag", ["--ssl_config_file=/etc/ssl.config", "--use_alts_credentials", "--prefer_tflite_model=true",
+@pytest.mark.parametrize("flag", ["--ssl_config_file=/etc/ssl.config", "--use_alts_credentials",
                                   "--platform_config_file=/etc/platform.config"])
 def test_refused_flags_stop_with_one_line(capsys, flag):
     assert main(["serve", "--model_base_path=/m", flag]) == 2

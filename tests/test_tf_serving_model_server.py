@@ -10,8 +10,10 @@ Also, from TF Serving's handler tests and issues users meet: the two-version mod
 `all` and `specific` policies with a label on each version, set by a config reload once both
 load, and at start-up with --allow_version_labels_for_unavailable_models; malformed JSON.
 
-Left out (docs/serving.md says why): testPredictOnTfLite and testPredictWithSignatureDefOnTfLite
-(--prefer_tflite_model is refused: SavedModels only), test_profiler_service_with_valid_trace_request
+testPredictOnTfLite and testPredictWithSignatureDefOnTfLite run in both start modes: with
+--prefer_tflite_model, and in loopline's (serving.prefer_tflite) through ServerProcess.
+
+Left out (docs/serving.md says why): test_profiler_service_with_valid_trace_request
 (no profiler service), test_tf_text (needs the tensorflow-text ops, and its SavedModel is not in
 the repository's stored files)."""
 from __future__ import annotations
@@ -42,7 +44,7 @@ from tensorflow_serving.apis import (
 from tensorflow_serving.config import model_server_config_pb2
 
 from tests.conftest import REPO, subprocess_env
-from tests.serving_helpers import TfServingServer, wait_for
+from tests.serving_helpers import ServerProcess, TfServingServer, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +53,8 @@ HALF_PLUS_TWO = DATA / "saved_model_half_plus_two_cpu"
 HALF_PLUS_TWO_TF2 = DATA / "saved_model_half_plus_two_tf2_cpu"
 HALF_PLUS_THREE = DATA / "saved_model_half_plus_three"
 TWO_VERSIONS = DATA / "saved_model_half_plus_two_2_versions"
+TFLITE = DATA / "saved_model_half_plus_two_tflite"  # model.tflite only: no SignatureDefs, x [1, 1] -> y
+TFLITE_WITH_SIGDEF = DATA / "saved_model_half_plus_two_tflite_with_sigdef"  # serving_default in its metadata
 RPC_TIMEOUT = 20.0
 DEFAULT = "serving_default"
 
@@ -130,6 +134,9 @@ def servers(tmp_path_factory):
         started["reload"] = reload_server(tmp_path_factory)
         started["two_versions"] = two_versions_server(tmp_path_factory)
         started["tf2"] = tf2_server(tmp_path_factory)  # writes its models first, while the others start
+        for name, path in (("tflite", TFLITE), ("tflite_with_sigdef", TFLITE_WITH_SIGDEF)):
+            started[name] = start(tmp_path_factory, name, "--prefer_tflite_model=true", model_name="default",
+                                  model_path=path)
         yield started
     finally:
         for server in started.values():
@@ -227,6 +234,46 @@ def test_predict_saved_model(half_plus_two):
     batching_parameters_file variant): x is a [1] tensor where the signature says [-1, 1]."""
     verify_predict(half_plus_two.grpc_address, 3.0, model_version(HALF_PLUS_TWO))
     verify_predict(half_plus_two.grpc_address, 3.0, model_version(HALF_PLUS_TWO), specify_output=False)
+
+
+# -- TF Lite: RunServer(..., model_type='tflite') adds --prefer_tflite_model=true --------------------
+@pytest.mark.parametrize("name, model_path", [("tflite", TFLITE), ("tflite_with_sigdef", TFLITE_WITH_SIGDEF)])
+def test_predict_on_tflite(servers, name, model_path):
+    """testPredictOnTfLite and testPredictWithSignatureDefOnTfLite: x = [2.0] (shape [1], resized from
+    the model's [1, 1]) -> 3.0, all outputs; the version is the model's folder (both 123)."""
+    verify_predict(ready(servers, name).grpc_address, 3.0, model_version(model_path), specify_output=False)
+
+
+@pytest.fixture(scope="module")
+def loopline_tflite(tmp_path_factory):
+    """Both TFLite models served by `loopline serve` in its own mode, with serving.prefer_tflite."""
+    from serving.config import ServingConfig
+    from serving.config_writer import write_serving_configs
+
+    workspace = tmp_path_factory.mktemp("loopline_tflite")
+    for name, path in (("tflite", TFLITE), ("tflite_with_sigdef", TFLITE_WITH_SIGDEF)):
+        shutil.copytree(path, workspace / "serving" / name)
+        write_serving_configs(str(workspace / "serving"), ServingConfig(model_name=name))
+    server = ServerProcess(workspace, "serving.prefer_tflite=true", "serving.tflite_interpreters=2")
+    try:
+        wait_for(lambda: "tflite_with_sigdef version 123 loaded" in server.log() and "tflite version 123" in server.log(),
+                 60, "both TFLite models loaded")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name, model_path", [("tflite", TFLITE), ("tflite_with_sigdef", TFLITE_WITH_SIGDEF)])
+def test_predict_on_tflite_in_loopline_mode(loopline_tflite, name, model_path):
+    """The same cases in loopline's mode. Its request limits check the signature's shape, [1, 1]
+    here: TF Serving's [1] request is refused before the interpreter, a [1, 1] one answers 3.0."""
+    address = loopline_tflite.grpc_target
+    verify_predict(address, 3.0, model_version(model_path), model_name=name, specify_output=False, batch_input=True)
+    with pytest.raises(grpc.RpcError) as refused:
+        verify_predict(address, 3.0, model_version(model_path), model_name=name, specify_output=False)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"model {name} version 123 loaded and serving (folder {loopline_tflite.workspace / 'serving' / name / '00000123'}, " \
+           "signatures called through the TFLite interpreter (model.tflite))" in loopline_tflite.log()
 
 
 def test_good_grpc_channel_args(half_plus_two):
