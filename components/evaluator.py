@@ -47,6 +47,8 @@ def Evaluator(
     from trainer.blessing import evaluate_and_decide
     from trainer.export import REPORT_JSON, write_report
     from trainer.evaluator_config import EvaluatorConfig
+    from trainer.evaluation import eager_signature, is_loopline_export
+    from trainer.model_spec import describe_model
 
     log = logging.getLogger("loopline.evaluator")
     config = EvaluatorConfig.model_validate_json(evaluator_config)
@@ -57,11 +59,22 @@ def Evaluator(
     because = f"the data changed on purpose: {accepted}" if accepted else None
     # The candidate's predictions on the whole split are summarized on the way, for the baseline.
     predictions = PredictionSummary() if config.eval_examples is None else None
-    # The models are called as the server calls them: a Session callable per signature, large batches.
+
+    def describe(saved_model_dir: str) -> dict:  # a TFX run_fn's model as TFMA's ModelSpec names it
+        return describe_model(saved_model_dir, config.label_key, config.signature_name, eval_pattern)
+
+    def open_signature(saved_model_dir: str, signature: str, outputs=None):
+        # loopline's exports are called as the server calls them: a Session callable per signature,
+        # large batches. A TFX model's Keras 3 variables do not restore into a Session: called eagerly.
+        if is_loopline_export(saved_model_dir):
+            return signature_caller(saved_model_dir, signature, outputs=outputs)
+        return eager_signature(saved_model_dir, signature, outputs=outputs)
+
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because,
-                                   open_signature=signature_caller, train_pattern=split_pattern(examples, "train"),
+                                   open_signature=open_signature, train_pattern=split_pattern(examples, "train"),
                                    candidate_answers=predictions.add if predictions is not None else None,
-                                   train_labels=train_label_summaries(statistics, candidate))
+                                   train_labels=train_label_summaries(statistics, describe(candidate)),
+                                   describe=describe)
     log.info("model %s", decision.summary())
 
     import tensorflow as tf
@@ -92,20 +105,19 @@ def Evaluator(
         blessing.set_float_custom_property(f"trivial_{key}", float(value))
 
 
-def train_label_summaries(statistics, saved_model_dir: str) -> dict:
+def train_label_summaries(statistics, description: dict) -> dict:
     """{head: what the trivial model is fitted from} for the heads whose train-split labels the
     statistics hold exactly: a string label's rows per class (exact rank histogram), a numeric
     label's mean over its finite values (validation.statistics.finite_mean). Integer class labels
     and inexact statistics are left out (read)."""
     if statistics is None or "train" not in artifact_utils.decode_split_names(statistics.split_names):
         return {}
-    from trainer.evaluation import read_signature
-    from trainer.heads import CLASSIFICATION
+    from trainer.heads import CLASSIFICATION, Head
     from validation.statistics import exact_class_counts, finite_mean, read_statistics
 
     train = read_statistics(artifact_utils.get_split_uri([statistics], "train"))
     summaries = {}
-    for head in read_signature(saved_model_dir)[1]:
+    for head in (Head.from_json(h) for h in description["heads"]):
         if head.kind == CLASSIFICATION:
             summary = exact_class_counts(train, head.label_column) if head.label_dtype == "string" else None
         else:

@@ -1,5 +1,7 @@
 """The pipeline's Trainer: runs trainer/ on ExampleGen's splits and exports the SavedModel
-where the standard Pusher looks for it (`<model uri>/Format-Serving`)."""
+where the standard Pusher looks for it (`<model uri>/Format-Serving`). A TFX module file (with
+`run_fn`) is called instead, as TFX's Trainer calls it: a real FnArgs, the Transform's examples
+and graph when there is a Transform step, and its `serving_model_dir` is the Model artifact's."""
 
 import json
 import logging
@@ -7,7 +9,7 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema
+from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema, TransformGraph
 from tfx.utils import path_utils
 
 from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
@@ -29,19 +31,26 @@ def Trainer(
     export_config: Parameter[str] = "{}",
     schema: InputArtifact[Schema] = None,
     tracking: Parameter[str] = "",
+    transform_graph: InputArtifact[TransformGraph] = None,
+    transformed_examples: InputArtifact[Examples] = None,
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
     edits to the user's module file; `export_config` is the `export:` section as JSON;
     `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow); `label_kind` and
-    `max_classes` are data.label_kind and data.max_classes (0: no cap)."""
+    `max_classes` are data.label_kind and data.max_classes (0: no cap); `transform_graph` and
+    `transformed_examples`: the Transform step's, given to a TFX module's run_fn."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
     from trainer.export import dropped_variants, export_model
     from trainer.export_config import ExportConfig
     from trainer.loop import train
+    from trainer.tfx_contract import defines_run_fn
 
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
+    if defines_run_fn(config.module_file):
+        _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run)
+        return
     kinds = None
     if schema is not None:  # the parsing spec comes from the schema, not from sampling the data
         from trainer.features import kinds_from_schema
@@ -66,6 +75,25 @@ def Trainer(
             run.finish({}, failed=True)
         raise
     _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run, result.exported)
+
+
+def _call_run_fn(config, examples, schema, transform_graph, model, model_run) -> None:
+    """TFX's Trainer contract: the module's run_fn trains and writes `fn_args.serving_model_dir`.
+    The custom loop's controls and loopline's export (TFLite, warmup) do not apply to it."""
+    import tensorflow as tf
+
+    from components.tfx_fn_args import trainer_fn_args
+    from components.tfx_module_file import module_function
+
+    run_fn = module_function(config.module_file, "run_fn")
+    fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config)
+    run_fn(fn_args)
+    if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
+        raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "
+                         f"({fn_args.serving_model_dir})")
+    logging.getLogger("loopline").info("trainer: %s's run_fn wrote %s", os.path.basename(config.module_file),
+                                       fn_args.serving_model_dir)
+    _record(model, model_run, {}, {}, None, {})
 
 
 def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict) -> None:

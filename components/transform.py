@@ -57,6 +57,8 @@ def Transform(
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
     from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
+    from tfx.components.util import examples_utils
+    from tfx.proto import example_gen_pb2
     from tfx_bsl.public import tfxio
 
     from components.tfx_module_file import module_function
@@ -68,6 +70,7 @@ def Transform(
     raw_schema = dense_where_always_one(load_schema(schema.uri), train_stats)
     splits = artifact_utils.decode_split_names(examples.split_names)
     transformed_examples.split_names = artifact_utils.encode_split_names(splits)
+    examples_utils.set_payload_format(transformed_examples, example_gen_pb2.FORMAT_TF_EXAMPLE)  # what readers check
 
     def read(pipeline, split):
         source = tfxio.TFExampleRecord(split_pattern(examples, split), schema=raw_schema,

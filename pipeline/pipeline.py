@@ -25,6 +25,7 @@ from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
 from serving.request_log_config import request_log_dir
+from trainer.tfx_contract import defines_run_fn
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -65,6 +66,14 @@ def _module_digest(path: str | None) -> str:
         return ""
     with tf.io.gfile.GFile(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def _loopline_module(path: str | None) -> str | None:
+    """`path` unless it is a TFX module file (run_fn), which declares no labels: data.label is
+    read by the generic rules. A file not on this machine (a compiled spec's image path) is kept."""
+    import tensorflow as tf
+
+    return None if path and tf.io.gfile.exists(path) and defines_run_fn(path) else path
 
 
 def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[str, "example_gen_pb2.Input"]:
@@ -124,12 +133,12 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     schema_gen, example_validator, data_gate = _data_validation(config, example_gen, statistics_gen, local_metadata)
     target = tracking_target(config)
-    trainer, evaluator = _training(config, target, example_gen, statistics_gen, schema_gen, example_validator)
-    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     transform = _transform(config, example_gen, statistics_gen, schema_gen)
     if transform is not None:
         transform.add_upstream_node(data_gate)  # no analysis of data that failed validation
-        trainer.add_upstream_node(transform)
+    trainer, evaluator = _training(config, target, example_gen, statistics_gen, schema_gen, example_validator,
+                                   transform)
+    trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
                                                            statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform]),
@@ -174,7 +183,7 @@ def _data_validation(config: LooplineConfig, example_gen, statistics_gen, local_
         # The labels, by the Trainer's rules, for the check of eval classes the train split lacks.
         examples=example_gen.outputs["examples"],
         labels_config=json.dumps({"label": config.data.label, "label_kind": config.data.label_kind,
-                                  "module_file": config.trainer.module_file}),
+                                  "module_file": _loopline_module(config.trainer.module_file)}),
         module_sha256=_module_digest(config.trainer.module_file),
     )
     data_gate = DataGate(anomalies=example_validator.outputs["anomalies"], warn_only=int(config.validation.warn_only))
@@ -191,11 +200,14 @@ def _transform(config: LooplineConfig, example_gen, statistics_gen, schema_gen):
                      module_sha256=_module_digest(module_file))
 
 
-def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator):
-    """The Trainer (`target`: where its MLflow run goes, None for none), and the Evaluator that
-    blesses its model against the champion: the version behind the champion alias's TF Serving
-    label, else the last pushed."""
+def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator, transform):
+    """The Trainer (`target`: where its MLflow run goes, None for none; `transform`: the Transform
+    step, None for none), and the Evaluator that blesses its model against the champion: the
+    version behind the champion alias's TF Serving label, else the last pushed."""
+    transformed = {} if transform is None else {"transform_graph": transform.outputs["transform_graph"],
+                                                "transformed_examples": transform.outputs["transformed_examples"]}
     trainer = Trainer(
+        **transformed,
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),
@@ -209,7 +221,8 @@ def _training(config: LooplineConfig, target, example_gen, statistics_gen, schem
     evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
-        evaluator_config=config.evaluator.model_dump_json(),
+        evaluator_config=config.evaluator.model_copy(
+            update={"label_key": config.evaluator.label_key or config.data.label}).model_dump_json(),
         serving_root=os.path.dirname(serving_base(config)),
         model_name=config.serving.model_name,
         champion_label=config.mlflow.alias_labels.get("champion", ""),
@@ -230,6 +243,7 @@ def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, s
         keep_versions=config.serving.keep_versions,
         tracking=target.to_json() if target else "",
         registered_model=registered_model_name(config),
+        tflite_variant=config.serving.tflite_variant,
     )
     baseline_recorder = BaselineRecorder(
         statistics=statistics_gen.outputs["statistics"],

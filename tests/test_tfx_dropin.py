@@ -1,5 +1,7 @@
-"""TFX's penguin example (tests/data/tfx_penguin/, unchanged) through loopline: its
-preprocessing_fn in loopline's Transform step, in one real LocalDagRunner run shared by the tests."""
+"""TFX's penguin example (tests/data/tfx_penguin/, unchanged) through loopline with config keys
+only: its preprocessing_fn in loopline's Transform step, its run_fn as the Trainer, then loopline's
+Evaluator (TFMA-style label_key and signature), push and baseline; one real LocalDagRunner run
+shared by the tests."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -18,15 +20,16 @@ def penguin_run(tmp_path_factory):
 
     config = make_config(tmp_path_factory.mktemp("tfx_penguin"),
                          f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
-                         f"transform.module_file={MODULE_FILE}", "trainer.module_file=null", "mlflow.enabled=false")
+                         f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
+                         "trainer.train_steps=100", "trainer.eval_steps=5", "mlflow.enabled=false")
     return config, run_local(config)
 
 
-def transform_outputs(config, summary) -> dict:
-    """The Transform's output artifacts in ML Metadata, by type name."""
+def outputs_of(config, summary, node: str) -> dict:
+    """A component's output artifacts in ML Metadata, by type name."""
     from pipeline.run_metadata import node_outputs, open_store
 
-    state, outputs = node_outputs(open_store(config, read_only=True), summary.run_id, config.pipeline.name, "Transform")
+    state, outputs = node_outputs(open_store(config, read_only=True), summary.run_id, config.pipeline.name, node)
     assert state == "COMPLETE"
     return outputs
 
@@ -49,7 +52,7 @@ def test_the_transform_graph_and_transformed_examples_are_in_ml_metadata(penguin
 
     config, summary = penguin_run
     assert summary.executions["Transform"] == "COMPLETE"
-    outputs = transform_outputs(config, summary)
+    outputs = outputs_of(config, summary, "Transform")
     graph = tft.TFTransformOutput(outputs["TransformGraph"].uri)
     examples = outputs["Examples"]
     assert examples.properties["split_names"].string_value == '["train", "eval"]'
@@ -71,6 +74,100 @@ def test_the_transform_graph_and_transformed_examples_are_in_ml_metadata(penguin
     for name in FEATURES:
         np.testing.assert_allclose(np.sort(written[f"{name}_xf"]), np.sort(by_graph[f"{name}_xf"].numpy().reshape(-1)),
                                    rtol=1e-5)
+
+
+def eval_split(config, feature_spec: dict) -> tuple[list[bytes], dict]:
+    """ExampleGen's raw eval examples, serialized, and their parsed columns."""
+    pattern = f"{config.pipeline.root}/tfx/CsvExampleGen/examples/*/Split-eval/*"
+    records = [r.numpy() for r in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern), compression_type="GZIP")]
+    return records, read_examples(pattern, feature_spec)
+
+
+@pytest.mark.slow
+def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run):
+    """run_fn, unchanged, trained through a real FnArgs; its serving signature takes raw
+    tf.Examples (the transform graph inside); the Evaluator's accuracy is the pushed model's own
+    on the eval split, and the model beat the trivial one."""
+    config, summary = penguin_run
+    assert {k: summary.executions[k] for k in ("Trainer", "Evaluator", "Pusher")} == dict.fromkeys(
+        ("Trainer", "Evaluator", "Pusher"), "COMPLETE")
+    assert summary.blessed is True
+    assert any(r.startswith("species_loss ") and "for the trivial model" in r for r in summary.blessing_reasons)
+
+    records, raw = eval_split(config, {"species": tf.io.FixedLenFeature([], tf.int64)})
+    serve = tf.saved_model.load(summary.pushed_path).signatures["serving_default"]
+    logits = serve(examples=tf.constant(records))["outputs"].numpy()
+    accuracy = float(np.mean(logits.argmax(axis=1) == raw["species"]))
+    assert accuracy > 0.85  # the eval split's majority class is under 0.5
+    blessing = outputs_of(config, summary, "Evaluator")["ModelBlessing"]
+    assert blessing.custom_properties["eval_species_accuracy"].double_value == pytest.approx(accuracy, abs=1e-6)
+    # The loss is the model's logits read as logits (a softmax taken), not as probabilities.
+    expected_loss = float(np.mean(tf.keras.losses.sparse_categorical_crossentropy(raw["species"], logits,
+                                                                                  from_logits=True)))
+    assert blessing.custom_properties["eval_species_loss"].double_value == pytest.approx(expected_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_fn_args_are_tfx_s_own(penguin_run):
+    """The FnArgs a run_fn gets: the Transform's examples and graph, the schema, the steps and
+    custom_config from the trainer keys, and a data accessor that reads the transformed splits."""
+    from tfx.components.trainer.fn_args_utils import FnArgs
+    from tfx.types import standard_artifacts
+
+    from components.tfx_fn_args import trainer_fn_args
+    from trainer.config import TrainerConfig
+
+    config, summary = penguin_run
+    transform = outputs_of(config, summary, "Transform")
+    examples = standard_artifacts.Examples()
+    examples.uri = transform["Examples"].uri
+    examples.split_names = transform["Examples"].properties["split_names"].string_value
+    graph = standard_artifacts.TransformGraph()
+    graph.uri = transform["TransformGraph"].uri
+    schema = standard_artifacts.Schema()
+    schema.uri = outputs_of(config, summary, "SchemaGen")["Schema"].uri
+    model, model_run = standard_artifacts.Model(), standard_artifacts.ModelRun()
+    model.uri, model_run.uri = "model", "model_run"
+    trainer = TrainerConfig(module_file=str(MODULE_FILE), train_steps=7, eval_steps=3, custom_config={"epochs": 2})
+
+    fn_args = trainer_fn_args(examples, schema, graph, model, model_run, trainer)
+    assert isinstance(fn_args, FnArgs)
+    assert fn_args.train_files == [f"{examples.uri}/Split-train/*"] and fn_args.eval_files == [f"{examples.uri}/Split-eval/*"]
+    assert (fn_args.train_steps, fn_args.eval_steps, fn_args.custom_config) == (7, 3, {"epochs": 2})
+    assert fn_args.transform_output == fn_args.transform_graph_path == graph.uri
+    assert fn_args.schema_path == f"{schema.uri}/schema.pbtxt"
+    assert (fn_args.serving_model_dir, fn_args.model_run_dir) == ("model/Format-Serving", "model_run")
+    assert fn_args.hyperparameters is None
+
+    from tfx_bsl.public import tfxio
+    import tensorflow_transform as tft
+
+    dataset = fn_args.data_accessor.tf_dataset_factory(
+        fn_args.train_files, tfxio.TensorFlowDatasetOptions(batch_size=5, label_key="species_xf"),
+        tft.TFTransformOutput(graph.uri).transformed_metadata.schema)
+    features, label = next(iter(dataset))
+    assert set(features) == {f"{name}_xf" for name in FEATURES} and label.shape == (5, 1)
+
+
+@pytest.mark.slow
+def test_a_signature_the_model_lacks_is_named(penguin_run):
+    from trainer.model_spec import model_spec_description
+
+    config, summary = penguin_run
+    pattern = f"{config.pipeline.root}/tfx/CsvExampleGen/examples/*/Split-eval/*"
+    with pytest.raises(ValueError, match=r"has no signature 'predict' \(evaluator.signature_name; it has "
+                                         r"\['serving_default', 'transform_features'\]\)"):
+        model_spec_description(summary.pushed_path, "species", "predict", pattern)
+    with pytest.raises(ValueError, match="evaluator.label_key 'kind' is in none of the first eval examples"):
+        model_spec_description(summary.pushed_path, "kind", "serving_default", pattern)
+
+
+def test_a_run_fn_module_is_told_from_a_loopline_module():
+    from trainer.tfx_contract import defines_run_fn
+
+    assert defines_run_fn(str(MODULE_FILE))
+    assert not defines_run_fn(str(REPO / "examples" / "penguins" / "model.py"))
+    assert not defines_run_fn(None)
 
 
 def test_a_module_file_without_the_function_is_named(tmp_path):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.evaluation import (OpenSignature, eager_signature, evaluate_with_champion, example_batches,
-                                is_loopline_export, label_kinds, read_signature)
+from trainer.evaluation import (Describe, OpenSignature, eager_signature, evaluate_with_champion, example_batches,
+                                label_kinds, read_description)
 from trainer.evaluator_config import EvaluatorConfig
-from trainer.heads import higher_is_better
+from trainer.heads import Head, higher_is_better
 from trainer.trivial import Floor, TrivialModel
 
 
@@ -97,7 +97,8 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
                         thresholds_only_because: str | None = None,
                         open_signature: OpenSignature = eager_signature, train_pattern: str | None = None,
-                        candidate_answers=None, train_labels: dict | None = None) -> Blessing:
+                        candidate_answers=None, train_labels: dict | None = None,
+                        describe: Describe = read_description) -> Blessing:
     """Evaluates the candidate and the champion (a SavedModel folder, None when there is none) on
     the same eval examples, streamed once in `evaluator.batch_size` batches, each batch fed to both
     and to the trivial model fitted on `train_pattern`'s labels, scored row by row beside the
@@ -106,12 +107,17 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     callable; the default calls it eagerly).
     `thresholds_only_because`: see decide(); `candidate_answers`: see evaluate_with_champion.
     `train_labels`: the train split's labels already summarized for some heads
-    (TrivialModel.from_label_summaries); with every head there, the split is not read for them."""
-    heads = read_signature(candidate_dir)[1]
+    (TrivialModel.from_label_summaries); with every head there, the split is not read for them.
+    `describe`: how a model's description is read (trainer.model_spec.describe_model: TFX's too)."""
+    heads = [Head.from_json(h) for h in describe(candidate_dir)["heads"]]
     champion_dir = champion_dir if config.compare_to_champion else None
     theirs, mismatch = None, None
-    if champion_dir is not None and is_loopline_export(champion_dir):
-        theirs = read_signature(champion_dir)[1]
+    if champion_dir is not None:
+        try:
+            theirs = [Head.from_json(h) for h in describe(champion_dir)["heads"]]
+        except Exception:  # noqa: BLE001 - evaluating it fails again, and says why, as the champion's problem
+            theirs = None
+    if theirs is not None:
         ours = [h.name for h in heads]
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
@@ -119,7 +125,7 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
-        candidate_answers=candidate_answers, trivial=trivial)
+        candidate_answers=candidate_answers, trivial=trivial, describe=describe)
     if trivial is not None:
         floor.metrics, floor.gains = trivial.metrics(), trivial.gains()
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor)

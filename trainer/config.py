@@ -1,7 +1,7 @@
 """The trainer's configuration: the `trainer:` section of loopline.yaml."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,8 +53,15 @@ class TrainerConfig(Section):
     """Every key is optional; the defaults train the bundled data as they are."""
 
     module_file: str | None = Field(
-        None, description="User model module (build_model, heads...); null builds a generic tabular model."
+        None, description="User model module (build_model, heads...), or a TFX module file with `run_fn(fn_args)` "
+        "(TFX's Trainer contract, called with a real FnArgs); null builds a generic tabular model."
     )
+    train_steps: int | None = Field(
+        None, ge=1, description="A TFX module's run_fn: `fn_args.train_steps` (TFX's TrainArgs.num_steps); null: None.")
+    eval_steps: int | None = Field(
+        None, ge=1, description="A TFX module's run_fn: `fn_args.eval_steps` (TFX's EvalArgs.num_steps); null: None.")
+    custom_config: dict[str, Any] = Field(
+        default_factory=dict, description="A TFX module's run_fn: `fn_args.custom_config` (TFX's Trainer custom_config).")
     epochs: int = Field(20, ge=1, description="Passes over the training split (fewer when max_steps or early "
                         "stopping ends the run first).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")

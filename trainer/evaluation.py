@@ -84,6 +84,9 @@ def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], 
             for serialized, parsed in parsed_chunks(file_pattern, batch_size, parse, limit))
 
 
+# A model's description (read_description's layout) from its SavedModel folder.
+Describe = Callable[[str], dict]
+
 # A signature as a function of numpy arrays: {input name: array} in, {output name: array} out.
 Call = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 # Opens one signature of a SavedModel (path, signature name; keyword `outputs`: the outputs its
@@ -106,10 +109,16 @@ class RunningEvaluation:
     trainer.trivial.TrivialModel scored on the same batches, row by row beside this model."""
 
     def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None,
-                 trivial=None):
-        description = read_description(saved_model_dir)
+                 trivial=None, describe: Describe = read_description):
+        description = describe(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
-        signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
+        spec = description.get("model_spec")  # a model loopline did not export (trainer.model_spec)
+        if spec is None:
+            signature, self._keys = evaluation_signature(description.get("layout", 1), self.heads)
+        else:
+            signature, self._keys = spec["signature"], dict(spec["outputs"])
+        self._input = spec["input"] if spec else names.INPUTS
+        self._logits_possible = spec is not None
         self.label_kinds = label_kinds(self.heads)
         self._totals = HeadTotals(self.heads)
         self._trivial = trivial
@@ -127,7 +136,7 @@ class RunningEvaluation:
         Returns the signature's answer."""
         if labels is None:
             labels = parse_examples(tf.constant(batch), self.label_kinds)
-        out = self._call({names.INPUTS: batch})
+        out = self._call({self._input: batch})
         labels = {h.name: tf.convert_to_tensor(labels[h.name]) for h in self.heads}
         outputs = {h.name: tf.convert_to_tensor(out[self._keys[h.name]]) for h in self.heads}
         if self._scores is None:
@@ -144,6 +153,9 @@ class RunningEvaluation:
         their few dozen small ops per batch cost as much as the model's call."""
         targets = {h.name: h.encode_label(labels[h.name]) for h in self.heads}
         outputs = {name: tf.cast(value, tf.float32) for name, value in outputs.items()}
+        if self._logits_possible:
+            outputs = {h.name: as_probabilities(outputs[h.name]) if h.kind == CLASSIFICATION else outputs[h.name]
+                       for h in self.heads}
         losses = self._totals.row_losses(targets, outputs)
         trivial = self._trivial.batch_scores(targets, losses) if self._trivial is not None else ({}, {})
         return self._totals.batch_sums(targets, outputs, losses), trivial
@@ -155,6 +167,14 @@ class RunningEvaluation:
 
     def metrics(self) -> dict[str, float]:
         return self._totals.metrics()
+
+
+def as_probabilities(scores: tf.Tensor) -> tf.Tensor:
+    """A foreign classifier's scores as probabilities: kept when every row is one (values in [0, 1]
+    summing to 1), else read as logits (a Keras model compiled `from_logits=True`, TFX's penguin)."""
+    rows_sum_to_one = tf.reduce_all(tf.abs(tf.reduce_sum(scores, axis=-1) - 1.0) < 1e-3)
+    in_range = tf.reduce_all((scores >= 0.0) & (scores <= 1.0))
+    return tf.cond(rows_sum_to_one & in_range, lambda: scores, lambda: tf.nn.softmax(scores, axis=-1))
 
 
 def _compiled(function: Callable, *examples: dict[str, tf.Tensor]) -> Callable:
@@ -170,7 +190,7 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                            open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
                            champion_heads: list[Head] | None = None, source: str = "the examples",
                            candidate_answers: Callable | None = None, trivial=None,
-                           ) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
+                           describe: Describe = read_description) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
     failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
@@ -178,14 +198,15 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
     parsing its labels otherwise parses its own). `source`: where the batches come from, for the messages.
     `candidate_answers(answer, rows, candidate)`: called with the candidate's answer to each batch
     (the RunningEvaluation last, for its heads and output_keys). `trivial`: a
-    trainer.trivial.TrivialModel scored beside the candidate, row by row."""
+    trainer.trivial.TrivialModel scored beside the candidate, row by row. `describe`: how a model's
+    description is read (trainer.model_spec.describe_model also describes a TFX model)."""
     with ExitStack() as stack:
-        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial)
+        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial, describe)
         stack.callback(candidate.close)
         champion, problem = None, None
         if champion_dir is not None:
             try:
-                champion = RunningEvaluation(champion_dir, open_signature, champion_heads)
+                champion = RunningEvaluation(champion_dir, open_signature, champion_heads, describe=describe)
                 stack.callback(champion.close)
             except Exception as exc:  # noqa: BLE001 - the blessing refuses the candidate unless allowed
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"

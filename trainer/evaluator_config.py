@@ -44,5 +44,12 @@ class EvaluatorConfig(Section):
         "above 0 at this one-sided confidence (mean gain minus z standard errors), so that a model that learned "
         "nothing is not blessed for beating the trivial one by the eval rows' chance alone. 0: not tested.",
     )
+    label_key: str | None = Field(
+        None, description="TFMA's ModelSpec.label_key: the label a model loopline did not export (a TFX module's "
+        "run_fn) is evaluated on; null: data.label. loopline's own exports name their labels themselves.")
+    signature_name: str = Field(
+        "serving_default", description="TFMA's ModelSpec.signature_name: the signature of such a model that is called on "
+        "serialized tf.Examples; its one output predicts the label (k >= 2 columns: scores or logits of the classes "
+        "0..k-1; one column: a regression).")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
