@@ -49,7 +49,7 @@ def Trainer(
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
     if defines_run_fn(config.module_file):
-        _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run)
+        _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run, tracking)
         return
     kinds = None
     if schema is not None:  # the parsing spec comes from the schema, not from sampling the data
@@ -77,23 +77,37 @@ def Trainer(
     _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run, result.exported)
 
 
-def _call_run_fn(config, examples, schema, transform_graph, model, model_run) -> None:
+def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tracking: str) -> None:
     """TFX's Trainer contract: the module's run_fn trains and writes `fn_args.serving_model_dir`.
-    The custom loop's controls and loopline's export (TFLite, warmup) do not apply to it."""
+    The custom loop's controls and loopline's export (TFLite, warmup) do not apply to it. What a
+    `fit()` wrote through its TensorBoard callback into `model_run_dir` goes to MLflow: each
+    epoch's metrics, and the logs themselves."""
     import tensorflow as tf
 
     from components.tfx_fn_args import trainer_fn_args
     from components.tfx_module_file import module_function
+    from tracking.training_run import TAG_MODEL_URI, start_training_run
+    from trainer.fit_logs import final_eval_metrics, fit_history
 
     run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config)
-    run_fn(fn_args)
-    if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
-        raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "
-                         f"({fn_args.serving_model_dir})")
+    run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
+    try:
+        run_fn(fn_args)
+        if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
+            raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "
+                             f"({fn_args.serving_model_dir})")
+    except BaseException:
+        if run:
+            run.finish({}, failed=True)
+        raise
     logging.getLogger("loopline").info("trainer: %s's run_fn wrote %s", os.path.basename(config.module_file),
                                        fn_args.serving_model_dir)
-    _record(model, model_run, {}, {}, None, {})
+    history = fit_history(model_run.uri)
+    if run:
+        for epoch, metrics in sorted(history.items()):
+            run.sink.log(epoch, metrics)
+    _record(model, model_run, final_eval_metrics(history), {}, run, {})
 
 
 def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict) -> None:
@@ -113,7 +127,7 @@ def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict)
         model.set_string_custom_property(TFLITE_DROPPED, json.dumps(dropped))
     model.set_string_custom_property(EXPORTED, json.dumps(exported))  # read by the run summary
     if run:
-        tags = {EXPORTED_TAG: exported_weights(exported)}
+        tags = {EXPORTED_TAG: exported_weights(exported)} if exported else {}  # none from a run_fn
         if dropped:
             tags[TFLITE_DROPPED_TAG] = json.dumps(dropped)
         delivery = run.finish({"trainer": model_run.uri}, tags=tags)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import posixpath
 
@@ -68,12 +69,17 @@ def _module_digest(path: str | None) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _loopline_module(path: str | None) -> str | None:
-    """`path` unless it is a TFX module file (run_fn), which declares no labels: data.label is
-    read by the generic rules. A file not on this machine (a compiled spec's image path) is kept."""
+def _is_tfx_module(path: str | None) -> bool:
+    """A TFX module file (run_fn) on this machine; a compiled spec's image path is not read."""
     import tensorflow as tf
 
-    return None if path and tf.io.gfile.exists(path) and defines_run_fn(path) else path
+    return bool(path) and tf.io.gfile.exists(path) and defines_run_fn(path)
+
+
+def _loopline_module(path: str | None) -> str | None:
+    """`path` unless it is a TFX module file, which declares no labels: data.label is read by the
+    generic rules."""
+    return None if _is_tfx_module(path) else path
 
 
 def _split_input(path: str, eval_path: str | None, data_format: str) -> tuple[str, "example_gen_pb2.Input"]:
@@ -143,7 +149,12 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
                                                            statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform]),
                   trainer, evaluator, pusher, baseline_recorder, serving_configs]
-    if target:
+    if target and _is_tfx_module(config.trainer.module_file):
+        # The Registrar logs loopline's exports as MLflow models; a run_fn's model is tracked
+        # (the Trainer's MLflow run) but not registered yet.
+        logging.getLogger("loopline").warning("MLflow: %s is a TFX module file: its training is tracked, its model "
+                                              "is not registered (not supported yet)", config.trainer.module_file)
+    elif target:
         components.append(_registrar(config, target, example_gen, statistics_gen, schema_gen, trainer, evaluator,
                                      pusher, run_id_placeholder))
     return tfx_pipeline.Pipeline(

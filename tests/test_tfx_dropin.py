@@ -21,7 +21,7 @@ def penguin_run(tmp_path_factory):
     config = make_config(tmp_path_factory.mktemp("tfx_penguin"),
                          f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
                          f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
-                         "trainer.train_steps=100", "trainer.eval_steps=5", "mlflow.enabled=false")
+                         "trainer.train_steps=100", "trainer.eval_steps=5")
     return config, run_local(config)
 
 
@@ -105,6 +105,26 @@ def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run)
     expected_loss = float(np.mean(tf.keras.losses.sparse_categorical_crossentropy(raw["species"], logits,
                                                                                   from_logits=True)))
     assert blessing.custom_properties["eval_species_loss"].double_value == pytest.approx(expected_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_fit_in_run_fn_is_tracked_in_mlflow(penguin_run):
+    """run_fn's fit() wrote TensorBoard logs into model_run_dir: its epoch metrics are in the
+    Trainer's MLflow run (Keras' names) and the logs among its artifacts; the eval-split metrics
+    are the Model's. The model is not registered (the Registrar is left out, with a warning)."""
+    from mlflow.tracking import MlflowClient
+
+    config, summary = penguin_run
+    assert "Registrar" not in summary.executions
+    client = MlflowClient(f"sqlite:///{config.pipeline.root}/mlflow/mlflow.db")
+    experiment = client.get_experiment_by_name(config.mlflow.experiment)
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert set(run.data.metrics) >= {"loss", "sparse_categorical_accuracy", "val_loss", "val_sparse_categorical_accuracy"}
+    assert run.data.metrics["val_loss"] == pytest.approx(summary.metrics["loss"], abs=1e-6)  # the summary rounds
+    assert 0 < run.data.metrics["loss"] < 1.1  # cross-entropy of 3 classes after 100 steps: below chance's 1.1
+    logged = [a.path for a in client.list_artifacts(run.info.run_id, "trainer")]
+    assert {"trainer/train", "trainer/validation"} <= set(logged)
 
 
 @pytest.mark.slow
