@@ -87,7 +87,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     from components.tfx_fn_args import trainer_fn_args
     from components.tfx_module_file import module_function
     from tracking.training_run import TAG_MODEL_URI, start_training_run
-    from trainer.fit_logs import final_eval_metrics, fit_history
+    from trainer.fit_logs import final_eval_metrics, fit_history, optimizer_steps
 
     run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config)
@@ -107,7 +107,8 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     if run:
         for epoch, metrics in sorted(history.items()):
             run.sink.log(epoch, metrics)
-    _record(model, model_run, final_eval_metrics(history), {}, run, {})
+    steps = optimizer_steps(model_run.uri)
+    _record(model, model_run, {**final_eval_metrics(history), **({"steps": steps} if steps else {})}, {}, run, {})
 
 
 def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict) -> None:

@@ -26,7 +26,7 @@ from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
 from serving.request_log_config import request_log_dir
-from trainer.tfx_contract import defines_run_fn
+from trainer.tfx_contract import defines_function, defines_run_fn
 
 
 def tfx_root(config: LooplineConfig) -> str:
@@ -206,6 +206,11 @@ def _transform(config: LooplineConfig, example_gen, statistics_gen, schema_gen):
     module_file = config.transform.module_file
     if module_file is None:
         return None
+    if not is_remote(module_file):  # stop before any work, not when the Transform starts
+        if not os.path.isfile(module_file):
+            raise ConfigError(f"transform.module_file: no such file: {module_file}")
+        if not defines_function(module_file, "preprocessing_fn"):
+            raise ConfigError(f"transform.module_file: {module_file} defines no preprocessing_fn(inputs) at its top level")
     return Transform(examples=example_gen.outputs["examples"], schema=schema_gen.outputs["schema"],
                      statistics=statistics_gen.outputs["statistics"], module_file=module_file,
                      module_sha256=_module_digest(module_file))

@@ -122,6 +122,7 @@ def test_the_fit_in_run_fn_is_tracked_in_mlflow(penguin_run):
     assert run.info.status == "FINISHED"
     assert set(run.data.metrics) >= {"loss", "sparse_categorical_accuracy", "val_loss", "val_sparse_categorical_accuracy"}
     assert run.data.metrics["val_loss"] == pytest.approx(summary.metrics["loss"], abs=1e-6)  # the summary rounds
+    assert summary.metrics["steps"] == config.trainer.train_steps  # one epoch of steps_per_epoch=train_steps
     assert 0 < run.data.metrics["loss"] < 1.1  # cross-entropy of 3 classes after 100 steps: below chance's 1.1
     logged = [a.path for a in client.list_artifacts(run.info.run_id, "trainer")]
     assert {"trainer/train", "trainer/validation"} <= set(logged)
@@ -199,6 +200,20 @@ def test_a_module_file_without_the_function_is_named(tmp_path):
         module_function(str(module), "preprocessing_fn")
     assert module_function(str(module), "tuner_fn", required=False) is None
     assert callable(module_function(str(module), "run_fn"))  # `from tfx import v1` imported without TFDV
+
+
+def test_a_transform_module_file_that_cannot_serve_is_refused_before_any_work(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.pipeline import create_pipeline
+
+    with pytest.raises(ConfigError, match=r"transform.module_file: no such file: .*missing\.py"):
+        create_pipeline(make_config(tmp_path, f"transform.module_file={tmp_path / 'missing.py'}"))
+    trainer_only = tmp_path / "trainer_only.py"
+    trainer_only.write_text("def run_fn(fn_args):\n    pass\n")
+    with pytest.raises(ConfigError, match=r"trainer_only\.py defines no preprocessing_fn\(inputs\)"):
+        create_pipeline(make_config(tmp_path, f"transform.module_file={trainer_only}"))
+    pipeline = create_pipeline(make_config(tmp_path, f"transform.module_file={MODULE_FILE}"))
+    assert "Transform" in [c.id for c in pipeline.components]
 
 
 def test_transform_module_file_is_a_path_relative_to_the_config():

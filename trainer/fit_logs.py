@@ -1,6 +1,6 @@
 """The metrics a Keras `fit()` wrote through its TensorBoard callback (a TFX run_fn's, into
 `fn_args.model_run_dir`): each epoch's `epoch_<metric>` scalars, named as Keras' History names
-them (`train/`: `<metric>`, `validation/`: `val_<metric>`)."""
+them (`train/`: `<metric>`, `validation/`: `val_<metric>`), and the optimizer steps taken."""
 from __future__ import annotations
 
 import os
@@ -31,3 +31,13 @@ def final_eval_metrics(history: dict[int, dict[str, float]]) -> dict[str, float]
         return {}
     last = history[max(history)]
     return {name[len("val_"):]: value for name, value in last.items() if name.startswith("val_")}
+
+
+def optimizer_steps(log_dir: str) -> int | None:
+    """The optimizer's step count at the last evaluation (Keras writes `evaluation_<metric>_vs_iterations`
+    at that step); None without a validation pass."""
+    steps = [event.step
+             for path in tf.io.gfile.glob(os.path.join(log_dir, "validation", "events.out.tfevents.*"))
+             for event in tf.compat.v1.train.summary_iterator(path)
+             if any(value.tag.endswith("_vs_iterations") for value in event.summary.value)]
+    return max(steps) if steps else None
