@@ -226,6 +226,16 @@ def _cpu_us_per_call(call) -> float:
     return round((time.process_time() - started) / PART_CALLS * 1e6, 2)
 
 
+def tflite_version(saved_model: Path, version_dir: Path) -> Path:
+    """The SavedModel with its float32 TFLite variant as model.tflite: the version folder a push
+    with serving.tflite_variant=float32 writes, served with serving.prefer_tflite."""
+    from trainer import tflite
+
+    shutil.copytree(saved_model, version_dir)
+    (version_dir / "model.tflite").write_bytes(tflite.convert_variants(str(saved_model), ["float32"])["float32"])
+    return version_dir
+
+
 def predict_request():
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
@@ -279,6 +289,7 @@ SERVER_SETTINGS = [f"serving.cpus=[{SERVER_CPU}]", "serving.batching.num_batch_t
 REST_SETTINGS: list[str] = []
 
 
+TFLITE_SETTINGS = [*SERVER_SETTINGS, "serving.prefer_tflite=true"]  # the same server, the model through LiteRT
 REST_BODY = json.dumps({"signature_name": "predict_raw", "instances": [{k: [v] for k, v in ROW.items()}]}).encode()
 
 
@@ -475,27 +486,32 @@ def grpc_floor(concurrency=CONCURRENCY, inline: bool = False) -> dict:
 FLOOR_ROUNDS = 3
 
 
-def against_floor(serving_root: Path) -> dict:
+def against_floor(serving_root: Path, tflite_root: Path) -> dict:
     """Our gRPC server against the no-model server (grpcio's stock server: the floor the targets
     name), at 1 and 16 clients, same settings (pinned to SERVER_CPU, 32 gRPC workers), alternating
     FLOOR_ROUNDS times: per round, our p50 over the floor's at 1 client and our req/s over the
     floor's at 16; the medians of the rounds. Each round also measures the no-model server on our
     own transport (`inline_floor`), which splits what is left into transport and handler, and our
     server with the model's call answered from a cache (`loopline_grpc_cached_answer`), which
-    splits it into the model's call and the rest of our server."""
+    splits it into the model's call and the rest of our server; and our server with the model's
+    float32 TFLite variant served through the interpreter (`loopline_grpc_tflite`, serving.prefer_tflite)."""
     from serving.config import ServingConfig
 
     rounds = []
     for _ in range(FLOOR_ROUNDS):
         ours_now, cached_now = ours(serving_root), ours(serving_root, cached_answer=True)
+        tflite_now = ours(tflite_root, settings=TFLITE_SETTINGS)
         floor_now, inline_now = grpc_floor(), grpc_floor(inline=True)
-        rounds.append({"loopline_grpc": ours_now, "loopline_grpc_cached_answer": cached_now, "grpc_floor": floor_now,
+        rounds.append({"loopline_grpc": ours_now, "loopline_grpc_cached_answer": cached_now,
+                       "loopline_grpc_tflite": tflite_now, "grpc_floor": floor_now,
                        "inline_floor": inline_now, **_over_floor(ours_now, floor_now),
-                       **{f"cached_answer_{k}": v for k, v in _over_floor(cached_now, floor_now).items()}})
+                       **{f"cached_answer_{k}": v for k, v in _over_floor(cached_now, floor_now).items()},
+                       **{f"tflite_{k}": v for k, v in _over_floor(tflite_now, floor_now).items()}})
     settings = (f"all pinned to CPU {SERVER_CPU}, {ServingConfig().grpc_workers} gRPC worker threads; ours on its inline "
                 "transport (serving/grpc_transport.py), the floor on grpcio's stock server, the inline floor on ours; "
                 "ours also: " + ", ".join(SERVER_SETTINGS[1:]) + "; cached answer: ours, the model's call answered "
-                "from a cache (bench/cached_answer_server.py)")
+                "from a cache (bench/cached_answer_server.py); tflite: ours with serving.prefer_tflite on the "
+                "model's float32 variant")
     return {"rounds": rounds, **floor_medians(rounds), "settings": settings}
 
 
@@ -511,8 +527,8 @@ def floor_medians(rounds: list[dict]) -> dict:
     def median(get, digits: int = 3) -> float:
         return round(float(np.median([get(r) for r in rounds])), digits)
 
-    sides = [side for side in ("loopline_grpc", "loopline_grpc_cached_answer", "grpc_floor", "inline_floor")
-             if all(side in r for r in rounds)]
+    sides = [side for side in ("loopline_grpc", "loopline_grpc_cached_answer", "loopline_grpc_tflite", "grpc_floor",
+                               "inline_floor") if all(side in r for r in rounds)]
     cpu = {side: median(lambda r: r[side]["c16"]["server_cpu_us_per_request"], 1)
            for side in sides if all("server_cpu_us_per_request" in r[side]["c16"] for r in rounds)}
     inline = {f"inline_floor_{key}": median(lambda r: r["inline_floor"][c][field])
@@ -521,7 +537,9 @@ def floor_medians(rounds: list[dict]) -> dict:
     cached = {f"cached_answer_{key}": median(lambda r: r[f"cached_answer_{key}"])
               for key in ("p50_over_floor_ms_c1", "req_per_s_fraction_c16")
               if "loopline_grpc_cached_answer" in sides}
-    return {"server_cpu_us_per_request_c16": cpu, **inline, **cached,
+    tflite = {f"tflite_{key}": median(lambda r: r[f"tflite_{key}"])
+              for key in ("p50_over_floor_ms_c1", "req_per_s_fraction_c16") if "loopline_grpc_tflite" in sides}
+    return {"server_cpu_us_per_request_c16": cpu, **inline, **cached, **tflite,
             "p50_over_floor_ms_c1": median(lambda r: r["p50_over_floor_ms_c1"]),
             "req_per_s_fraction_of_floor_c16": median(lambda r: r["req_per_s_fraction_c16"]),
             "floor_req_per_s_c16": median(lambda r: r["grpc_floor"]["c16"]["req_per_s"], 1),
@@ -602,10 +620,15 @@ def run() -> dict:
         serving_root = work / "serving"
         saved_model = export_model(serving_root / "penguins" / "1")
         write_serving_configs(str(serving_root), ServingConfig())
+        tflite_root = work / "serving_tflite"
+        tflite_version(saved_model, tflite_root / "penguins" / "1")
+        write_serving_configs(str(tflite_root), ServingConfig())
         results = {"in_process": in_process(saved_model), "in_process_session": in_process_session(saved_model),
                    "handler_parts_us": handler_parts(serving_root),
-                   "vs_grpc_floor": against_floor(serving_root),
+                   "vs_grpc_floor": against_floor(serving_root, tflite_root),
                    "loopline_rest": ours(serving_root, settings=REST_SETTINGS, api="rest"),
+                   "loopline_rest_tflite": ours(tflite_root, settings=[*REST_SETTINGS, "serving.prefer_tflite=true"],
+                                                api="rest"),
                    "mlflow_rest": mlflow_serve(registered_model(saved_model, work)),
                    "request_logging": request_logging(serving_root, work), "infer": batch_inference(work)}
     finally:
@@ -613,6 +636,7 @@ def run() -> dict:
     # The first round's points stand for the server and the floor in the figures below.
     results["loopline_grpc"] = results["vs_grpc_floor"]["rounds"][0]["loopline_grpc"]
     results["grpc_floor"] = results["vs_grpc_floor"]["rounds"][0]["grpc_floor"]
+    results["loopline_grpc_tflite"] = results["vs_grpc_floor"]["rounds"][0]["loopline_grpc_tflite"]
     results["ratio_vs_mlflow_c16"] = round(results["loopline_grpc"]["c16"]["req_per_s"] / results["mlflow_rest"]["c16"]["req_per_s"], 2)
     results["ratio_vs_mlflow_c1"] = round(results["loopline_grpc"]["c1"]["req_per_s"] / results["mlflow_rest"]["c1"]["req_per_s"], 2)
     results["p50_overhead_ms_c1"] = round(results["loopline_grpc"]["c1"]["p50_ms"] - results["in_process"]["c1"]["p50_ms"], 3)
@@ -628,36 +652,44 @@ def run() -> dict:
                           "request_logging.cost_at_1": "< 0.10", "request_logging.cpu_cost_at_1": "< 0.10",
                           "request_logging.cpu_cost_at_1_from_parts": "< 0.10",
                           "infer_vs_grpc_c16": ">= 5", "vs_grpc_floor.p50_over_floor_ms_c1": "<= 0.05",
-                          "vs_grpc_floor.req_per_s_fraction_of_floor_c16": ">= 0.7"}
+                          "vs_grpc_floor.req_per_s_fraction_of_floor_c16": ">= 0.7",
+                          "vs_grpc_floor.tflite_p50_over_floor_ms_c1": "<= 0.05",
+                          "vs_grpc_floor.tflite_req_per_s_fraction_c16": ">= 0.7"}
     results["setup"] = f"batch 1, {SECONDS:.0f}s per point, clients in one process on the same machine"
     results["loopline_settings"] = {"grpc": SERVER_SETTINGS, "rest": REST_SETTINGS}
     results["runs"] = previous_runs() + [{
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **{f"{name}_{c}": {k: results[name][c][k] for k in ("p50_ms", "req_per_s")}
-           for name in ("loopline_grpc", "loopline_rest", "mlflow_rest") for c in ("c1", "c16")},
+           for name in ("loopline_grpc", "loopline_grpc_tflite", "loopline_rest", "loopline_rest_tflite", "mlflow_rest")
+           for c in ("c1", "c16")},
         "ratio_vs_mlflow_c16": results["ratio_vs_mlflow_c16"], "rest_ratio_vs_mlflow_c16": results["rest_ratio_vs_mlflow_c16"],
         "request_logging": {k: v for k, v in results["request_logging"].items() if not isinstance(v, dict)}
         | {f"{k}_req_per_s": v["req_per_s"] for k, v in results["request_logging"].items() if isinstance(v, dict)},
         "infer_examples_per_s": results["infer"]["examples_per_s"], "infer_vs_grpc_c16": results["infer_vs_grpc_c16"],
         "vs_grpc_floor": {k: v for k, v in results["vs_grpc_floor"].items() if k != "rounds"},
         "handler_parts_us": results["handler_parts_us"]}]
-    for name in ("in_process", "in_process_session", "loopline_grpc", "grpc_floor", "loopline_rest", "mlflow_rest"):
+    for name in ("in_process", "in_process_session", "loopline_grpc", "loopline_grpc_tflite", "grpc_floor",
+                 "loopline_rest", "loopline_rest_tflite", "mlflow_rest"):
         for c in CONCURRENCY:
             if f"c{c}" not in results[name]:
                 continue
             r = results[name][f"c{c}"]
-            print(f"  {name:18s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
+            print(f"  {name:20s} c{c:<3d} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  {r['req_per_s']:8.1f} req/s")
     floor = results["vs_grpc_floor"]
     print(f"  vs the no-model gRPC server (median of {FLOOR_ROUNDS} rounds): p50 +{floor['p50_over_floor_ms_c1']} ms at "
           f"1 client, {floor['req_per_s_fraction_of_floor_c16']:.1%} of its req/s at 16 "
           f"({floor['floor_req_per_s_c16']} req/s); the model's call answered from a cache: p50 "
           f"+{floor.get('cached_answer_p50_over_floor_ms_c1')} ms, {floor.get('cached_answer_req_per_s_fraction_c16')} "
           f"of its req/s")
+    print(f"  the same with the model's float32 TFLite variant (serving.prefer_tflite): p50 "
+          f"+{floor.get('tflite_p50_over_floor_ms_c1')} ms at 1 client, {floor.get('tflite_req_per_s_fraction_c16')} "
+          f"of its req/s at 16")
     cpu = floor["server_cpu_us_per_request_c16"]
     print(f"  the no-model server on our transport: p50 {floor.get('inline_floor_p50_ms_c1')} ms at 1 client (the "
           f"floor's {floor['floor_p50_ms_c1']}), {floor.get('inline_floor_req_per_s_c16')} req/s at 16")
     print(f"  server CPU per request at 16 clients: ours {cpu.get('loopline_grpc')} us (the model's call answered "
-          f"from a cache: {cpu.get('loopline_grpc_cached_answer')} us), the no-model server's "
+          f"from a cache: {cpu.get('loopline_grpc_cached_answer')} us; TFLite: {cpu.get('loopline_grpc_tflite')} us), "
+          f"the no-model server's "
           f"{cpu.get('grpc_floor')} us (on our transport {cpu.get('inline_floor')} us); our code per Predict in "
           f"process (us): {results['handler_parts_us']}")
     logging = results["request_logging"]

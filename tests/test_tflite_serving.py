@@ -181,3 +181,34 @@ def test_the_flags_set_the_keys():
     assert flags.serving_config(flags.parse(["--model_base_path=/m"]).values, ServingConfig()).prefer_tflite is False
     warned = flags.warnings_and_refusals(flags.parse(["--num_tflite_interpreters_per_pool=4"]))
     assert len(warned) == 1 and "--num_tflite_interpreters_per_pool=4 accepted but not applied" in warned[0]
+
+
+@pytest.mark.parametrize("variant, written", [("float32", True), ("int8", False), ("", False)])
+def test_the_pusher_writes_the_configured_variant_as_model_tflite(tmp_path, variant, written):
+    """The Trainer's Format-TFLite/model_<variant>.tflite goes into the version as model.tflite; a
+    variant the model lacks (not exported, or dropped by the parity gate), or none asked for: none."""
+    from google.protobuf import json_format
+    from tfx.proto import pusher_pb2
+    from tfx.types import standard_artifacts
+
+    from components.pusher import PusherExecutor
+    from tests.push_helpers import small_saved_model
+
+    model = standard_artifacts.Model()
+    model.uri = str(tmp_path / "model")
+    small_saved_model(f"{model.uri}/Format-Serving")
+    (tmp_path / "model" / "Format-TFLite").mkdir()
+    (tmp_path / "model" / "Format-TFLite" / "model_float32.tflite").write_bytes(b"float32 variant")
+    blessing, pushed = standard_artifacts.ModelBlessing(), standard_artifacts.PushedModel()
+    blessing.uri, pushed.uri = str(tmp_path / "blessing"), str(tmp_path / "pushed")
+    blessing.set_int_custom_property("blessed", 1)
+    destination = pusher_pb2.PushDestination(
+        filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(tmp_path / "serving" / "m")))
+    PusherExecutor().Do({"model": [model], "model_blessing": [blessing]}, {"pushed_model": [pushed]}, {
+        "push_destination": json_format.MessageToJson(destination), "keep_versions": 5, "tracking": "",
+        "registered_model": "m", "tflite_variant": variant})
+    version = Path(pushed.get_string_custom_property("pushed_destination"))
+    assert (version / "saved_model.pb").exists()
+    assert (version / TFLITE_MODEL).exists() == written
+    if written:
+        assert (version / TFLITE_MODEL).read_bytes() == b"float32 variant"
