@@ -15,6 +15,7 @@ from tfx.utils import path_utils
 from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
 
 TFLITE_DROPPED = "tflite_dropped"  # Model artifact property: {variant: why} of dropped TFLite variants
+SESSION_PROBLEM = "session_problem"  # Model artifact property: why a run_fn's SavedModel fails in a TF1 Session
 EXPORTED = "exported"  # Model artifact property: the weights exported (trainer's TrainResult.exported), as JSON
 
 
@@ -88,6 +89,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     from components.tfx_module_file import module_function
     from tracking.training_run import TAG_MODEL_URI, start_training_run
     from trainer.fit_logs import final_eval_metrics, fit_history, optimizer_steps
+    from trainer.session_check import session_problem
 
     run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config)
@@ -103,6 +105,12 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
         raise
     logging.getLogger("loopline").info("trainer: %s's run_fn wrote %s", os.path.basename(config.module_file),
                                        fn_args.serving_model_dir)
+    problem = session_problem(fn_args.serving_model_dir)
+    if problem:  # pushed all the same: a server with a TF2 loader may serve it
+        logging.getLogger("loopline").warning(
+            "trainer: %s does not run in a TensorFlow 1 Session, how TF Serving and loopline serve call a model: %s",
+            fn_args.serving_model_dir, problem)
+        model.set_string_custom_property(SESSION_PROBLEM, problem)
     history = fit_history(model_run.uri)
     if run:
         for epoch, metrics in sorted(history.items()):

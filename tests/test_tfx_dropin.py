@@ -99,6 +99,10 @@ def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run)
     logits = serve(examples=tf.constant(records))["outputs"].numpy()
     accuracy = float(np.mean(logits.argmax(axis=1) == raw["species"]))
     assert accuracy > 0.85  # the eval split's majority class is under 0.5
+    # The penguin example saves a Keras 3 model with tf.saved_model.save: its variables do not
+    # restore in a TF1 Session (TF Serving's way), which the Model artifact says.
+    problem = outputs_of(config, summary, "Trainer")["Model"].custom_properties["session_problem"].string_value
+    assert problem.startswith("Could not find variable dense")
     blessing = outputs_of(config, summary, "Evaluator")["ModelBlessing"]
     assert blessing.custom_properties["eval_species_accuracy"].double_value == pytest.approx(accuracy, abs=1e-6)
     # The loss is the model's logits read as logits (a softmax taken), not as probabilities.
