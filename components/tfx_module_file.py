@@ -2,9 +2,11 @@
 
 TFX's module files start with `from tfx import v1 as tfx`. Here that import fails: `tfx.v1`
 imports `tfx.v1.extensions`, whose Google Cloud trainer imports TensorFlow Data Validation, which
-has no wheel for this stack. Nothing a module file uses lives in the extensions, so an empty
-stand-in for `tfx.v1.extensions` lets `tfx.v1` import with its real `components` (FnArgs,
-DataAccessor, TunerFnResult), `dsl`, `proto`, `types` and `utils`.
+has no wheel for this stack. Nothing a module file uses lives in the extensions, so a stand-in
+for `tfx.v1.extensions` lets `tfx.v1` import with its real `components` (FnArgs, DataAccessor,
+TunerFnResult), `dsl`, `proto`, `types` and `utils`. A component `tfx.v1.components` imports
+optionally that fails otherwise than with an ImportError (TFX's Evaluator under `loopline run`,
+which defers TensorFlow Model Analysis: pipeline/deferred_imports.py) is left None as well.
 """
 from __future__ import annotations
 
@@ -19,25 +21,60 @@ class ModuleFileError(ValueError):
     """A module file that cannot be loaded or lacks the function asked for; names the file."""
 
 
-def _extensions_stand_in() -> types.ModuleType:
-    module = types.ModuleType(EXTENSIONS, "Stand-in: TFX's extensions need TensorFlow Data Validation.")
+def _stand_in(name: str, why: str) -> types.ModuleType:
+    """A module whose every attribute read raises ImportError(`why`): `from name import X` then
+    fails as the import `tfx.v1` guards does, and a user who touches it is told why."""
+    module = types.ModuleType(name, why)
 
-    def missing(name: str):
-        raise ImportError(f"tfx.v1.extensions.{name} is not available: TFX's extensions need TensorFlow Data "
-                          "Validation, which does not install with this stack")
+    def missing(attribute: str):
+        raise ImportError(f"{name}.{attribute} is not available: {why}")
 
     module.__getattr__ = missing
     return module
 
 
+def _optional_components() -> list[str]:
+    """The component modules `tfx.v1.components` imports inside `try: ... except ImportError`
+    (read from its source, so the list is TFX's own)."""
+    import ast
+    import importlib.util
+    import os
+
+    # Its file, found without importing tfx.v1 (which would import them).
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("tfx").origin), "v1", "components", "__init__.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return [node.module for guarded in tree.body if isinstance(guarded, ast.Try)
+            for node in ast.walk(guarded) if isinstance(node, ast.ImportFrom) and node.module]
+
+
+def _guard_optional_components() -> None:
+    """A component module that fails with another error than ImportError (TFX's Evaluator, when
+    TensorFlow Model Analysis was loaded without its top-level config names) gets a stand-in,
+    so that `tfx.v1.components` leaves it None as it does a component that does not install."""
+    import importlib
+
+    for name in _optional_components():
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # tfx.v1.components handles it
+        except Exception as exc:  # noqa: BLE001 - any other failure makes that one component unavailable
+            sys.modules[name] = _stand_in(name, f"it does not import here ({type(exc).__name__}: {exc})")
+
+
 def import_tfx_v1() -> types.ModuleType:
-    """`tfx.v1`, with the extensions' stand-in when the real ones cannot import."""
+    """`tfx.v1`, with stand-ins for what cannot import here (the extensions, which need TFDV)."""
+    if "tfx.v1" in sys.modules:
+        return sys.modules["tfx.v1"]
+    _guard_optional_components()
     try:
         from tfx import v1
     except ImportError as exc:
         if exc.name != "tensorflow_data_validation":
             raise
-        sys.modules[EXTENSIONS] = _extensions_stand_in()
+        sys.modules[EXTENSIONS] = _stand_in(EXTENSIONS, "TFX's extensions need TensorFlow Data Validation, which "
+                                                        "does not install with this stack")
         from tfx import v1
     return v1
 
