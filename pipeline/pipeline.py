@@ -259,7 +259,9 @@ def _delivery(config: LooplineConfig, target, example_gen, trainer, evaluator, s
         keep_versions=config.serving.keep_versions,
         tracking=target.to_json() if target else "",
         registered_model=registered_model_name(config),
-        tflite_variant=config.serving.tflite_variant,
+        # Only a variant the Trainer exports: none asked for, no model.tflite and nothing to warn about.
+        tflite_variant=(config.serving.tflite_variant
+                        if config.serving.tflite_variant in config.export.tflite_variants else ""),
     )
     baseline_recorder = BaselineRecorder(
         statistics=statistics_gen.outputs["statistics"],
