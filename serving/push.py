@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from serving import create_only
+from serving import signature_names as names
 
 log = logging.getLogger("loopline.push")
 
 SAVED_MODEL = "saved_model.pb"
-TFLITE_MODEL = "model.tflite"  # where TF Serving's --prefer_tflite_model looks (saved_model_bundle_factory.cc)
 TEMP_PREFIX = ".push-"
 CLAIMS = ".claims"
 STALE_AFTER_S = 3600
@@ -78,7 +78,7 @@ def push_model(model_dir: str, base: str, tflite_model: str | None = None) -> Pu
     with _in_progress(push_id):
         try:
             if tflite_model:  # first: the folder is complete only once saved_model.pb is written
-                _copy_file(tflite_model, f"{temp}/{TFLITE_MODEL}", None)
+                _copy_file(tflite_model, f"{temp}/{names.TFLITE_MODEL_FILE}", None)
             _copy_tree(model_dir, temp)
             if create_only.is_local(base):
                 version = _rename_to_free_number(temp, base)

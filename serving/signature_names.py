@@ -30,6 +30,7 @@ ASSETS_EXTRA = "assets.extra"
 SIGNATURE_FILE = "loopline_signature.json"  # feature kinds and heads, for readers without TensorFlow
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name (saved_model_warmup_util.h)
 WARMUP_MAX_RECORDS = 1000  # TF Serving's WarmupConsts::kMaxNumRecords
+TFLITE_MODEL_FILE = "model.tflite"  # in a version folder, what --prefer_tflite_model serves (saved_model_bundle_factory.cc)
 
 
 

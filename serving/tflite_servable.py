@@ -43,7 +43,6 @@ from serving.servable import LoadedVersion
 
 log = logging.getLogger("loopline.serving")
 
-TFLITE_FILE = "model.tflite"  # saved_model_bundle_factory.cc's kTfLiteModelFilename
 SIGNATURE_DEFS_METADATA = "signature_defs_metadata"  # tflite/tools/signature/signature_def_util.cc
 # TfLiteTypeToTfType: the TFLite types TF Serving maps to a DataType.
 _SERVED_TYPES = {np.dtype(t) for t in (np.float32, np.int32, np.uint8, np.int64, np.bool_, np.int16,
@@ -52,7 +51,7 @@ _SERVED_TYPES = {np.dtype(t) for t in (np.float32, np.int32, np.uint8, np.int64,
 
 def tflite_file(version_dir: str) -> str | None:
     """The version folder's `model.tflite` (TfLiteModelFound); None when there is none."""
-    path = os.path.join(version_dir, TFLITE_FILE)
+    path = os.path.join(version_dir, names.TFLITE_MODEL_FILE)
     return path if tf.io.gfile.exists(path) else None
 
 
@@ -190,7 +189,7 @@ class TfLiteServable(LoadedVersion):
         self.limits = limits
         model_file = tflite_file(path)
         if model_file is None:
-            raise not_found(f"Could not find {TFLITE_FILE} in {path}")
+            raise not_found(f"Could not find {names.TFLITE_MODEL_FILE} in {path}")
         with tf.io.gfile.GFile(model_file, "rb") as f:
             content = f.read()
         try:

@@ -20,7 +20,8 @@ from serving import signature_names as names
 from serving import tf_serving_flags as flags
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
-from serving.push import TFLITE_MODEL, push_model
+from serving.push import push_model
+from serving.signature_names import TFLITE_MODEL_FILE as TFLITE_MODEL
 from serving.tensors import from_numpy
 from tests.conftest import REPO
 from tests.serving_helpers import KINDS, ServerProcess, export_model, wait_for
