@@ -229,10 +229,11 @@ def _cpu_us_per_call(call) -> float:
 def tflite_version(saved_model: Path, version_dir: Path) -> Path:
     """The SavedModel with its float32 TFLite variant as model.tflite: the version folder a push
     with serving.tflite_variant=float32 writes, served with serving.prefer_tflite."""
+    from serving.signature_names import TFLITE_MODEL_FILE
     from trainer import tflite
 
     shutil.copytree(saved_model, version_dir)
-    (version_dir / "model.tflite").write_bytes(tflite.convert_variants(str(saved_model), ["float32"])["float32"])
+    (version_dir / TFLITE_MODEL_FILE).write_bytes(tflite.convert_variants(str(saved_model), ["float32"])["float32"])
     return version_dir
 
 

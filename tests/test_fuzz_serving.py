@@ -164,11 +164,12 @@ def raw_predict_calls(draw) -> tuple[str, predict_pb2.PredictRequest, bool]:
 def fuzz_tflite(tmp_path_factory):
     """The fuzzed model's float32 TFLite variant as its version's model.tflite, served through the
     interpreter (two of them), with the signature's shape check off."""
+    from serving.signature_names import TFLITE_MODEL_FILE
     from trainer import tflite
 
     workspace = prepare_workspace(tmp_path_factory.mktemp("fuzz_tflite"))
     version = workspace / "serving" / cases.MODEL / "1"
-    (version / "model.tflite").write_bytes(tflite.convert_variants(str(version), ["float32"])["float32"])
+    (version / TFLITE_MODEL_FILE).write_bytes(tflite.convert_variants(str(version), ["float32"])["float32"])
     server = FuzzServer(workspace, ("serving.prefer_tflite=true", "serving.tflite_interpreters=2",
                                     "serving.limits.check_signature_shapes=false"), _valid_raw_predict)
     try:
