@@ -1,7 +1,9 @@
 """TFX's penguin example (tests/data/tfx_penguin/, unchanged) through loopline with config keys
 only: its preprocessing_fn in loopline's Transform step, its run_fn as the Trainer, then loopline's
-Evaluator (TFMA-style label_key and signature), push and baseline; one real LocalDagRunner run
-shared by the tests."""
+Evaluator (TFMA-style label_key and signature), push, baseline and `loopline serve`; one real
+`loopline run` (a child process: the command's deferred imports included) shared by the tests."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -15,14 +17,25 @@ FEATURES = ["culmen_length_mm", "culmen_depth_mm", "flipper_length_mm", "body_ma
 
 @pytest.fixture(scope="module")
 def penguin_run(tmp_path_factory):
-    """The penguin example's data and module file, with config keys only; yields (config, summary)."""
-    from pipeline.local_runner import run_local
+    """`loopline run` itself (a child process) on the penguin example's data and module file, with
+    config keys only; yields (config, the run's summary read back from ML Metadata)."""
+    import subprocess
+    import sys
 
-    config = make_config(tmp_path_factory.mktemp("tfx_penguin"),
-                         f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
-                         f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
-                         "trainer.train_steps=100", "trainer.eval_steps=5")
-    return config, run_local(config)
+    from pipeline.local_runner import summarize_run
+    from pipeline.run_metadata import newest_finished_run, open_store
+    from tests.conftest import subprocess_env
+
+    root = tmp_path_factory.mktemp("tfx_penguin")
+    overrides = [f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
+                 f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
+                 "trainer.train_steps=100", "trainer.eval_steps=5"]
+    config = make_config(root, *overrides)
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
+               *[arg for key in [f"pipeline.root={root}", "trainer.epochs=3", *overrides] for arg in ("--set", key)]]
+    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
 
 
 def outputs_of(config, summary, node: str) -> dict:
@@ -100,8 +113,7 @@ def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run)
     accuracy = float(np.mean(logits.argmax(axis=1) == raw["species"]))
     assert accuracy > 0.85  # the eval split's majority class is under 0.5
     # Whether the SavedModel runs in a TF1 Session (TF Serving's way) is recorded on the Model as a
-    # fresh check finds it: in a plain Python process (as here) the penguin example's Keras 3 model
-    # saved with tf.saved_model.save fails there, under `loopline run` it has run.
+    # fresh check finds it.
     model = outputs_of(config, summary, "Trainer")["Model"]
     recorded = model.custom_properties["session_problem"].string_value if "session_problem" in model.custom_properties else None
     from trainer.session_check import session_problem
@@ -113,6 +125,32 @@ def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run)
     expected_loss = float(np.mean(tf.keras.losses.sparse_categorical_crossentropy(raw["species"], logits,
                                                                                   from_logits=True)))
     assert blessing.custom_properties["eval_species_loss"].double_value == pytest.approx(expected_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_served_model_answers_raw_examples_over_grpc_as_the_saved_model_does(penguin_run):
+    """`loopline serve` on the run's root: Predict with raw tf.Examples (the eval split's) answers
+    the logits the pushed SavedModel gives when called directly."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tests.serving_helpers import ServerProcess
+
+    config, summary = penguin_run
+    records, _ = eval_split(config, {"species": tf.io.FixedLenFeature([], tf.int64)})
+    direct = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](examples=tf.constant(records))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = config.serving.model_name
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["examples"].CopyFrom(tf.make_tensor_proto(records))
+    server = ServerProcess(Path(config.pipeline.root))
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+    finally:
+        server.stop()
+    assert answer.model_spec.version.value == int(summary.version)
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), direct["outputs"].numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -222,25 +260,6 @@ def test_a_transform_module_file_missing_or_without_preprocessing_fn_is_refused_
         create_pipeline(make_config(tmp_path, f"transform.module_file={trainer_only}"))
     pipeline = create_pipeline(make_config(tmp_path, f"transform.module_file={MODULE_FILE}"))
     assert "Transform" in [c.id for c in pipeline.components]
-
-
-def test_a_tfx_module_file_loads_under_the_loopline_command_s_deferred_imports():
-    """`loopline run` defers TensorFlow Model Analysis, so TFX's Evaluator component cannot import
-    there: the penguin module still loads, with tfx.v1.components.Evaluator None."""
-    import subprocess
-    import sys
-
-    from tests.conftest import subprocess_env
-
-    script = ("from pipeline.deferred_imports import defer_unused_imports; defer_unused_imports(); import tensorflow\n"
-              "from components.tfx_module_file import import_tfx_v1, module_function\n"
-              f"assert callable(module_function({str(MODULE_FILE)!r}, 'run_fn'))\n"
-              "components = import_tfx_v1().components\n"
-              "print(components.Evaluator, components.FnArgs.__name__)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
-                            cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["None", "FnArgs"]
 
 
 def test_transform_module_file_is_a_path_relative_to_the_config():
