@@ -78,8 +78,11 @@ def main(argv: list[str]) -> None:
     checkouts = [a for a in rest if not a.isdigit()]
     rounds = [int(a) for a in rest if a.isdigit()]
     result = run(comparison, checkouts, rounds[0] if rounds else 3)
-    runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    RESULTS.write_text(json.dumps([*runs, result], indent=1) + "\n")
+    from bench.__main__ import machine
+
+    result["machine"] = machine()
+    runs = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
+    RESULTS.write_text(json.dumps({"runs": [*runs, result]}, indent=1) + "\n")  # the layout bench/report.py reads
     print(json.dumps(result, indent=2))
 
 
