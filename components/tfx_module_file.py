@@ -23,10 +23,15 @@ class ModuleFileError(ValueError):
 
 def _stand_in(name: str, why: str) -> types.ModuleType:
     """A module whose every attribute read raises ImportError(`why`): `from name import X` then
-    fails as the import `tfx.v1` guards does, and a user who touches it is told why."""
+    fails as the import `tfx.v1` guards does, and a user who touches it is told why. A module
+    attribute (`__file__`, `__path__`...) it lacks is an AttributeError, as for any module: code
+    that scans sys.modules with `getattr(module, "__file__", None)` (inspect.getmodule, and so
+    TensorFlow's autograph) must not fail on it."""
     module = types.ModuleType(name, why)
 
     def missing(attribute: str):
+        if attribute.startswith("__") and attribute.endswith("__"):
+            raise AttributeError(attribute)
         raise ImportError(f"{name}.{attribute} is not available: {why}")
 
     module.__getattr__ = missing

@@ -266,3 +266,21 @@ def test_transform_module_file_is_a_path_relative_to_the_config():
     config = make_config(REPO / "unused", "transform.module_file=tests/data/tfx_penguin/penguin_utils_keras.py")
     assert config.transform.module_file == str(MODULE_FILE)
     assert make_config(REPO / "unused").transform.module_file is None  # off by default
+
+
+def test_the_stand_in_for_tfx_extensions_leaves_autograph_working():
+    """autograph reads every loaded module's __file__ (inspect.getmodule); the stand-in raised
+    ImportError there, and a loopline module's Python `if` on a tensor was no longer converted."""
+    import tensorflow as tf
+
+    from components.tfx_module_file import import_tfx_v1
+
+    import_tfx_v1()
+
+    def weight(step):
+        if step >= 3:
+            return tf.constant(0.0)
+        return tf.constant(1.0)
+
+    traced = tf.function(weight, autograph=True)
+    assert float(traced(tf.constant(5))) == 0.0 and float(traced(tf.constant(1))) == 1.0
