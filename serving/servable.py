@@ -49,7 +49,14 @@ class LoadedVersion:
     input shapes. A subclass sets name, version, path, limits and signature_defs."""
     signature_defs: dict
 
-    def _init_shared(self) -> None:
+    def _init_shared(self, signature_keys, batching: BatchingConfig | None) -> None:
+        """The shared state; a Batcher per signature in `signature_keys` when batching is on."""
+        self._batchers = {}
+        if batching is not None and batching.enabled:
+            for key in signature_keys:
+                self._batchers[key] = Batcher(
+                    lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
+                    batching.num_batch_threads, batching.max_enqueued_batches)
         self._feeds: dict[str, dict[str, tuple]] = {}
         self._shapes: dict[str, dict[str, SpecShape]] = {}
         self._in_flight = 0
@@ -73,6 +80,17 @@ class LoadedVersion:
             self._in_flight -= 1
             if self._in_flight == 0 and self._idle_waiters:
                 self._idle.notify_all()
+
+    def run(self, key: str, inputs: dict[str, np.ndarray], fetch=None) -> dict[str, np.ndarray]:
+        """Runs signature `key` through the subclass's `_call` (batched with concurrent calls when
+        batching is on); `fetch`: the outputs wanted (None: all). Dtypes are checked first, as the
+        Session checks feeds; shapes are left to the model (and to serving/request_limits.py)."""
+        self.check_dtypes(key, inputs)
+        batcher = self._batchers.get(key)
+        outputs = batcher.submit(inputs) if batcher else self._call(key, inputs)
+        if fetch is not None:
+            outputs = {k: outputs[k] for k in fetch}
+        return outputs
 
     def wait_idle(self, timeout: float) -> bool:
         with self._lock:
@@ -127,13 +145,7 @@ class Servable(LoadedVersion):
         if tf.io.gfile.exists(sig_file):
             with tf.io.gfile.GFile(sig_file) as f:
                 self.description = json.loads(f.read())
-        self._init_shared()
-        self._batchers = {}
-        if batching is not None and batching.enabled:
-            for key in self._functions:
-                self._batchers[key] = Batcher(
-                    lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
-                    batching.num_batch_threads, batching.max_enqueued_batches)
+        self._init_shared(self._functions, batching)
 
     def unload(self) -> None:
         self._callers.close()  # also empties self._functions, the same dict
@@ -143,16 +155,3 @@ class Servable(LoadedVersion):
             return self._functions[key](inputs)
         except (tf.errors.OpError, ValueError, TypeError) as exc:
             raise graph_error(exc) from None
-
-    def run(self, key: str, inputs: dict[str, np.ndarray], fetch=None) -> dict[str, np.ndarray]:
-        """Runs signature `key` (batched with concurrent calls when batching is on); `fetch`:
-        the outputs wanted (None: all). As in TF Serving, shapes are not checked before the run
-        (the model's ops refuse what they cannot compute); dtypes are, as the Session does."""
-        self.check_dtypes(key, inputs)
-        batcher = self._batchers.get(key)
-        outputs = batcher.submit(inputs) if batcher else self._call(key, inputs)
-        if fetch is not None:
-            outputs = {k: outputs[k] for k in fetch}
-        return outputs
-
-

@@ -35,7 +35,6 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from serving import signature_names as names
-from serving.batching import Batcher
 from serving.config import BatchingConfig
 from serving.errors import ServingError, invalid, not_found
 from serving.request_limits import RequestLimits
@@ -204,13 +203,7 @@ class TfLiteServable(LoadedVersion):
         self._pool.put(first)
         for _ in range(max(interpreters, 1) - 1):
             self._pool.put(_Interpreter(content))
-        self._init_shared()
-        self._batchers = {}
-        if batching is not None and batching.enabled:
-            for key in self._signatures:
-                self._batchers[key] = Batcher(
-                    lambda inputs, key=key: self._call(key, inputs), batching.max_batch_size,
-                    batching.num_batch_threads, batching.max_enqueued_batches)
+        self._init_shared(self._signatures, batching)
 
     def unload(self) -> None:
         self._signatures = {}
@@ -231,16 +224,6 @@ class TfLiteServable(LoadedVersion):
                           f"{str(exc).strip()}") from None
         finally:
             self._pool.put(interpreter)
-
-    def run(self, key: str, inputs: dict[str, np.ndarray], fetch=None) -> dict[str, np.ndarray]:
-        """Runs signature `key` (batched with concurrent calls when batching is on); `fetch`: the
-        outputs wanted (None: all). Dtypes are checked first, as for a SavedModel."""
-        self.check_dtypes(key, inputs)
-        batcher = self._batchers.get(key)
-        outputs = batcher.submit(inputs) if batcher else self._call(key, inputs)
-        if fetch is not None:
-            outputs = {k: outputs[k] for k in fetch}
-        return outputs
 
 
 def _invoke(interpreter: _Interpreter, signature: _Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
