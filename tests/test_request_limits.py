@@ -17,7 +17,8 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.config import ServingConfig
 from serving.config_writer import write_serving_configs
-from tests.serving_helpers import ServerProcess, TfServingServer, add_version, example, export_model, tree_rss_bytes
+from tests.serving_helpers import (ServerProcess, TfServingServer, add_version, example, export_model, tree_rss_bytes,
+                                   wait_for)
 
 HALF_PLUS_TWO = Path(__file__).parent / "data" / "tf_serving" / "saved_model_half_plus_two_cpu"
 HALF_PLUS_TWO_EXAMPLE = example_pb2.Example()
@@ -37,11 +38,23 @@ def servers(tmp_path_factory):
         loopline = ServerProcess(workspace)
         try:
             flags.wait_until_ready(300)
+            # WaitForServerReady asks gRPC only; REST starts after it: wait until it accepts too.
+            wait_for(lambda: _accepts(flags.rest_port), 60, "the REST port")
             yield {"loopline": (loopline, "penguins", "predict"), "tf_serving_flags": (flags, "default", "classify_x_to_y")}
         finally:
             loopline.stop()
     finally:
         flags.stop()
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _target(server) -> str:
