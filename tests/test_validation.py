@@ -264,3 +264,20 @@ def test_statistics_combine_merges_a_file_batch_by_batch(tmp_path, monkeypatch):
     assert total == 50 and len(seen_before) == 10
     # When the k-th batch is read, the batches before it (less the first) were merged already.
     assert all(merged >= 3 * (k - 1) for k, merged in enumerate(seen_before)), seen_before
+
+
+def test_a_fixed_length_list_feature_is_inferred_as_tfdv_does_and_tfx_bsl_reads_it():
+    """A feature with the same count of values in every example (an image's 784 floats) gets a
+    shape and, as TFDV infers it, presence 1: tfx_bsl (Transform's reader) refuses a shape beside
+    a presence below 1."""
+    from tensorflow_transform.tf_metadata import schema_utils
+
+    stats = statistics_pb2.DatasetFeatureStatistics(num_examples=10)
+    feature = stats.features.add(name="pixels", type=statistics_pb2.FeatureNameStatistics.FLOAT)
+    common = feature.num_stats.common_stats
+    common.num_non_missing, common.min_num_values, common.max_num_values = 10, 4, 4
+    schema = infer_schema(stats, ValidationConfig(max_missing_fraction=0.5))
+    (pixels,) = schema.feature
+    assert [d.size for d in pixels.shape.dim] == [4] and pixels.presence.min_fraction == 1.0
+    spec = schema_utils.schema_as_feature_spec(schema).feature_spec
+    assert spec["pixels"] == tf.io.FixedLenFeature([4], tf.float32)

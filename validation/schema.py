@@ -57,6 +57,9 @@ def infer_schema(stats: statistics_pb2.DatasetFeatureStatistics, config: Validat
             feature.value_count.max = 1
         elif common.min_num_values == common.max_num_values and not common.num_missing:
             feature.shape.dim.add(size=common.max_num_values)  # TFDV: the same count in every example
+            # ...and, as TFDV infers it, present in every example: tfx_bsl (Transform's and
+            # TFX's input readers) refuses a shape beside a presence below 1.
+            feature.presence.min_fraction = 1.0
         else:
             feature.value_count.min = common.min_num_values
             feature.value_count.max = common.max_num_values
