@@ -1,0 +1,101 @@
+"""TFX's MNIST example (tests/data/tfx_mnist/, unchanged): a second TFX module file whose serving
+signature holds the transform graph, on TFRecord input, through `loopline run` with config keys
+only; the pushed model is served over gRPC on raw tf.Examples. One real `loopline run` (a child
+process) shared by the tests."""
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import REPO, make_config
+
+MNIST = REPO / "tests" / "data" / "tfx_mnist"
+MODULE_FILE = MNIST / "mnist_utils_native_keras.py"
+DATA = MNIST / "data" / "mnist.tfrecord"
+
+
+@pytest.fixture(scope="module")
+def mnist_run(tmp_path_factory):
+    """`loopline run` on the example's TFRecord file and module file; yields (config, summary)."""
+    import subprocess
+    import sys
+
+    from pipeline.local_runner import summarize_run
+    from pipeline.run_metadata import newest_finished_run, open_store
+    from tests.conftest import subprocess_env
+
+    root = tmp_path_factory.mktemp("tfx_mnist")
+    overrides = [f"data.path={DATA}", "data.format=tfrecord", "data.label=image_class",
+                 f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
+                 "trainer.train_steps=100", "trainer.eval_steps=5", "serving.model_name=mnist"]
+    config = make_config(root, *overrides)
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
+               *[arg for key in [f"pipeline.root={root}", *overrides] for arg in ("--set", key)]]
+    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+
+
+def test_the_example_files_are_tfx_s_bytes():
+    """The README's hashes are the files' own: the module and data are TFX's, unedited."""
+    readme = (MNIST / "README.md").read_text()
+    listed = dict(re.findall(r"\| `([^`]+)` \| `[^`]+` \| `([0-9a-f]{64})` \|", readme))
+    assert set(listed) == {"mnist_utils_native_keras.py", "mnist_utils_native_keras_base.py", "data/mnist.tfrecord"}
+    for name, digest in listed.items():
+        assert hashlib.sha256((MNIST / name).read_bytes()).hexdigest() == digest, name
+
+
+def eval_records(config) -> tuple[list[bytes], np.ndarray]:
+    """ExampleGen's eval split: serialized raw tf.Examples and their labels."""
+    pattern = f"{config.pipeline.root}/tfx/CsvExampleGen/examples/*/Split-eval/*"
+    records = [r.numpy() for r in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern), compression_type="GZIP")]
+    labels = tf.io.parse_example(records, {"image_class": tf.io.FixedLenFeature([], tf.int64)})["image_class"]
+    return records, labels.numpy()
+
+
+@pytest.mark.slow
+def test_the_mnist_module_is_transformed_trained_evaluated_and_pushed(mnist_run):
+    """Transform ran its preprocessing_fn, run_fn trained on its output, the Evaluator scored the
+    pushed SavedModel (raw tf.Examples in: the transform graph is in its signature) and blessed it."""
+    config, summary = mnist_run
+    components = ("Transform", "Trainer", "Evaluator", "Pusher")
+    assert {k: summary.executions[k] for k in components} == dict.fromkeys(components, "COMPLETE")
+    assert summary.blessed is True
+    records, labels = eval_records(config)
+    logits = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](
+        examples=tf.constant(records))["output_0"].numpy()
+    accuracy = float(np.mean(logits.argmax(axis=1) == labels))
+    assert accuracy > 0.5  # ten classes: chance is 0.1
+    from pipeline.run_metadata import node_outputs, open_store
+
+    _, outputs = node_outputs(open_store(config, read_only=True), summary.run_id, config.pipeline.name, "Evaluator")
+    recorded = outputs["ModelBlessing"].custom_properties["eval_image_class_accuracy"].double_value
+    assert recorded == pytest.approx(accuracy, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_the_served_mnist_model_answers_raw_examples_over_grpc_as_the_saved_model_does(mnist_run):
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from tests.serving_helpers import ServerProcess
+
+    config, summary = mnist_run
+    records, _ = eval_records(config)
+    records = records[:64]
+    direct = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](examples=tf.constant(records))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "mnist"
+    request.inputs["examples"].CopyFrom(tf.make_tensor_proto(records))
+    server = ServerProcess(Path(config.pipeline.root))
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+    finally:
+        server.stop()
+    assert answer.model_spec.version.value == int(summary.version)
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["output_0"]), direct["output_0"].numpy(),
+                               rtol=1e-5, atol=1e-5)
