@@ -7,7 +7,8 @@ The champion is the served version behind the champion's TF Serving label (`loop
 
 Its folder holds `BLESSED` or `NOT_BLESSED` (TFX's convention), `blessing.json` with every
 check, the model's export report completed with the blessing decision, and the statistics of the
-candidate's predictions on the eval split (components.eval_predictions, for the baseline).
+candidate's predictions on the eval split (components.eval_predictions, for the baseline), the
+per-slice figures and gates (`slices.json`) and the same figures in TFMA's format (`tfma/`).
 """
 
 import json
@@ -84,6 +85,7 @@ def Evaluator(
         f.write("")  # GFile creates the file on the first write
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "blessing.json"), "w") as f:
         f.write(json.dumps(decision.to_json(), indent=2))
+    write_slices(blessing.uri, decision, config, [h["name"] for h in describe(candidate)["heads"]], candidate, eval_pattern)
     if predictions is not None:
         predictions.write(blessing, candidate)
     report_path = os.path.join(model.uri, REPORT_JSON)
@@ -103,6 +105,21 @@ def Evaluator(
         blessing.set_float_custom_property(f"eval_{key}", float(value))
     for key, value in decision.trivial.items():  # the floor it was held to (the Registrar logs them)
         blessing.set_float_custom_property(f"trivial_{key}", float(value))
+
+
+def write_slices(folder: str, decision, config, heads: list[str], candidate: str, eval_pattern: str) -> None:
+    """slices.json (trainer.slicing.SLICES_JSON) and the same figures in TFMA's format (TFMA_FOLDER)."""
+    import tensorflow as tf
+
+    from components.tfma_result import write_eval_result
+    from trainer.slicing import SLICES_JSON, TFMA_FOLDER
+
+    if decision.slices is None:
+        return
+    with tf.io.gfile.GFile(os.path.join(folder, SLICES_JSON), "w") as f:
+        f.write(json.dumps(decision.slices_json(), indent=2))
+    write_eval_result(os.path.join(folder, TFMA_FOLDER), decision.slices, config, heads, candidate,
+                      decision.champion_path, eval_pattern)
 
 
 def train_label_summaries(statistics, description: dict) -> dict:

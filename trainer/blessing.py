@@ -11,6 +11,8 @@ from trainer.evaluation import (Describe, OpenSignature, eager_signature, evalua
                                 label_kinds, read_description)
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import Head, higher_is_better
+from trainer.slice_gates import gate, public, slice_report
+from trainer.slicing import Slicer
 from trainer.trivial import Floor, TrivialModel
 
 
@@ -23,9 +25,14 @@ class Blessing:
     champion_path: str | None = None
     failed: list[str] = field(default_factory=list)  # The reasons that refused it.
     trivial: dict[str, float] = field(default_factory=dict)  # The trivial model's eval metrics (the floor).
+    slices: dict | None = None  # The per-slice figures and gates (trainer.slice_gates), written apart.
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "slices"}
+
+    def slices_json(self) -> dict | None:
+        """slices.json's content (trainer.slicing.SLICES_JSON), None when slices were not computed."""
+        return public(self.slices) if self.slices is not None else None
 
     def summary(self) -> str:
         verdict = "blessed" if self.blessed else "NOT blessed"
@@ -34,12 +41,12 @@ class Blessing:
 
 def decide(candidate: dict[str, float], champion: dict[str, float] | None, config: EvaluatorConfig,
            champion_path: str | None = None, champion_problem: str | None = None,
-           thresholds_only_because: str | None = None, floor: Floor | None = None) -> Blessing:
+           thresholds_only_because: str | None = None, floor: Floor | None = None, slices: dict | None = None) -> Blessing:
     """Applies the thresholds, the trivial floor, then the comparison with the champion (when there
     is one). `thresholds_only_because`: why a champion that cannot be compared does not refuse the
     candidate here (the data changed on purpose, so the champion may not read it). `floor`: the
     trivial model's metrics (evaluate_and_decide always computes one; None judges the metrics
-    given alone)."""
+    given alone). `slices`: trainer.slice_gates.slice_report's, gated here too."""
     reasons: list[str] = []
     failed: list[str] = []
 
@@ -90,8 +97,21 @@ def decide(candidate: dict[str, float], champion: dict[str, float] | None, confi
                 worse = old - new if higher_is_better(metric) else new - old
                 allowed = max(config.relative_tolerance * abs(old), config.absolute_tolerance)
                 check(worse <= allowed, f"{metric} {new:.4g} vs champion {old:.4g} (worse by {max(worse, 0):.4g}, allowed {allowed:.4g})")
+    compared = config.compare_to_champion and champion is not None and champion_problem is None
+    for ok, text in _slice_checks(slices, config, compared) if slices is not None else []:
+        check(ok, text)
     return Blessing(not failed, reasons, candidate, champion, champion_path, failed,
-                    floor.metrics if floor is not None else {})
+                    floor.metrics if floor is not None else {}, slices)
+
+
+def _slice_checks(slices: dict, config: EvaluatorConfig, champion_compared: bool) -> list[tuple[bool, str]]:
+    """Each slice gate, and one line naming the slices too small to judge."""
+    checks = [(g["passed"], g["text"]) for g in gate(slices, config, champion_compared)]
+    small = [f"{s['slice']} ({s['examples']})" for s in slices["slices"] if s["examples"] < config.min_slice_size]
+    if small:
+        checks.append((True, f"slices reported, not gated (fewer than {config.min_slice_size} examples, "
+                             f"evaluator.min_slice_size): {', '.join(small)}"))
+    return checks
 
 
 def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str | None, config: EvaluatorConfig,
@@ -123,12 +143,15 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
     batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
     trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
+    slicer, totals = Slicer.for_split(config.slicing_specs, eval_pattern), {}
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
-        candidate_answers=candidate_answers, trivial=trivial, describe=describe)
+        candidate_answers=candidate_answers, trivial=trivial, describe=describe,
+        slicer=slicer, slice_totals=totals)
+    slices = slice_report(config, totals["candidate"], totals["champion"], slicer.kinds)
     if trivial is not None:
         floor.metrics, floor.gains = trivial.metrics(), trivial.gains()
-    return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor)
+    return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor, slices)
 
 
 def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig,

@@ -13,6 +13,7 @@ from serving import signature_names as names
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import parsed_chunks, read_once, record_dataset
+from trainer.slicing import BatchSlices, SliceTotals, calibration_sums, segment_sums, slice_row_values
 
 
 def read_description(saved_model_dir: str) -> dict:
@@ -106,10 +107,12 @@ def eager_signature(saved_model_dir: str, signature: str, outputs: list[str] | N
 class RunningEvaluation:
     """One exported model's metrics (HeadTotals), added batch by batch; its signature is open until
     close(). `heads`: its read_signature heads, when already read. `trivial`: a
-    trainer.trivial.TrivialModel scored on the same batches, row by row beside this model."""
+    trainer.trivial.TrivialModel scored on the same batches, row by row beside this model.
+    `sliced`: also sum its figures per slice (trainer.slicing), in `slices`, when add() is given
+    each batch's BatchSlices."""
 
     def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None,
-                 trivial=None, describe: Describe = read_description):
+                 trivial=None, describe: Describe = read_description, sliced: bool = False):
         description = describe(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
         spec = description.get("model_spec")  # a model loopline did not export (trainer.model_spec)
@@ -122,6 +125,7 @@ class RunningEvaluation:
         self.label_kinds = label_kinds(self.heads)
         self._totals = HeadTotals(self.heads)
         self._trivial = trivial
+        self.slices = SliceTotals(self.heads) if sliced else None
         self._scores = None  # _batch_scores compiled, at the first batch
         self._open = ExitStack()
         # Only the outputs scored: a classifier's class names beside its scores are `[rows, classes]` strings.
@@ -131,26 +135,32 @@ class RunningEvaluation:
     def close(self) -> None:
         self._open.close()
 
-    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here.
+    def add(self, batch: np.ndarray, labels: dict[str, np.ndarray] | None,
+            slices: BatchSlices | None = None) -> dict[str, np.ndarray]:
+        """`labels`: the batch's labels parsed by this model's label_kinds, None to parse them here;
+        `slices`: the batch's slices (Slicer.batch), summed per slice when this evaluation is sliced.
         Returns the signature's answer."""
         if labels is None:
             labels = parse_examples(tf.constant(batch), self.label_kinds)
         out = self._call({self._input: batch})
         labels = {h.name: tf.convert_to_tensor(labels[h.name]) for h in self.heads}
         outputs = {h.name: tf.convert_to_tensor(out[self._keys[h.name]]) for h in self.heads}
+        index = slices.tensors() if slices is not None and self.slices is not None else {}
         if self._scores is None:
-            self._scores = _compiled(self._batch_scores, labels, outputs)
-        sums, trivial = self._scores(labels, outputs)
+            self._scores = _compiled(self._batch_scores, labels, outputs, index)
+        sums, trivial, per_slice, calibration = self._scores(labels, outputs, index)
         self._totals.add_sums(sums)
+        if index:
+            self.slices.add(slices.keys, per_slice, calibration)
         if self._trivial is not None:
             self._trivial.add_scores(*trivial)
         return out
 
     @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
-    def _batch_scores(self, labels: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor]):
+    def _batch_scores(self, labels: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor], index: dict[str, tf.Tensor]):
         """One batch's sums (HeadTotals) and the trivial model's beside them, in one graph: eagerly,
-        their few dozen small ops per batch cost as much as the model's call."""
+        their few dozen small ops per batch cost as much as the model's call. With a slice `index`
+        (BatchSlices.tensors), also the sums per slice and the calibration bins."""
         targets = {h.name: h.encode_label(labels[h.name]) for h in self.heads}
         outputs = {name: tf.cast(value, tf.float32) for name, value in outputs.items()}
         if self._logits_possible:
@@ -158,7 +168,12 @@ class RunningEvaluation:
                        for h in self.heads}
         losses = self._totals.row_losses(targets, outputs)
         trivial = self._trivial.batch_scores(targets, losses) if self._trivial is not None else ({}, {})
-        return self._totals.batch_sums(targets, outputs, losses), trivial
+        if not index:
+            return self._totals.batch_sums(targets, outputs, losses), trivial, {}, {}
+        rows = self._totals.row_values(targets, outputs, losses)
+        sums = {key: tf.reduce_sum(value) for key, value in rows.items()}  # batch_sums, from the same rows
+        per_slice = segment_sums({**rows, **slice_row_values(self.heads, targets, outputs, losses)}, index)
+        return sums, trivial, per_slice, calibration_sums(self.heads, targets, outputs, losses)
 
     @property
     def output_keys(self) -> dict[str, str]:
@@ -190,7 +205,8 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                            open_signature: OpenSignature = eager_signature, candidate_heads: list[Head] | None = None,
                            champion_heads: list[Head] | None = None, source: str = "the examples",
                            candidate_answers: Callable | None = None, trivial=None,
-                           describe: Describe = read_description) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
+                           describe: Describe = read_description, slicer=None,
+                           slice_totals: dict | None = None) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
     failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
@@ -199,25 +215,30 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
     `candidate_answers(answer, rows, candidate)`: called with the candidate's answer to each batch
     (the RunningEvaluation last, for its heads and output_keys). `trivial`: a
     trainer.trivial.TrivialModel scored beside the candidate, row by row. `describe`: how a model's
-    description is read (trainer.model_spec.describe_model also describes a TFX model)."""
+    description is read (trainer.model_spec.describe_model also describes a TFX model).
+    `slicer`: a trainer.slicing.Slicer; each batch's slices are found once and summed for both
+    models, whose SliceTotals are left in `slice_totals` ("candidate", "champion": None when it
+    dropped out)."""
+    sliced = slicer is not None
     with ExitStack() as stack:
-        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial, describe)
+        candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial, describe, sliced)
         stack.callback(candidate.close)
         champion, problem = None, None
         if champion_dir is not None:
             try:
-                champion = RunningEvaluation(champion_dir, open_signature, champion_heads, describe=describe)
+                champion = RunningEvaluation(champion_dir, open_signature, champion_heads, describe=describe, sliced=sliced)
                 stack.callback(champion.close)
             except Exception as exc:  # noqa: BLE001 - the blessing refuses the candidate unless allowed
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
         rows = 0
         for batch, labels in batches:
-            answer = candidate.add(batch, labels)
+            slices = slicer.batch(batch) if sliced else None
+            answer = candidate.add(batch, labels, slices)
             if candidate_answers is not None:
                 candidate_answers(answer, len(batch), candidate)
             if champion is not None:
                 try:
-                    champion.add(batch, labels if champion.label_kinds == candidate.label_kinds else None)
+                    champion.add(batch, labels if champion.label_kinds == candidate.label_kinds else None, slices)
                 except Exception as exc:  # noqa: BLE001 - as above
                     problem = (f"{champion_dir} could not be evaluated on examples {rows}-{rows + len(batch) - 1} "
                                f"of {source} ({_first_line(exc)})")
@@ -226,6 +247,8 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
             rows += len(batch)
         if rows == 0:
             raise ValueError(f"no eval examples in {source}")
+        if slice_totals is not None:
+            slice_totals.update(candidate=candidate.slices, champion=champion.slices if champion is not None else None)
         return candidate.metrics(), champion.metrics() if champion is not None else None, problem
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trainer.config import Section
 
@@ -13,6 +13,53 @@ class Bound(Section):
 
     min: float | None = Field(None, description="The metric must be at least this; null: no lower bound.")
     max: float | None = Field(None, description="The metric must be at most this; null: no upper bound.")
+
+
+class SlicingSpec(Section):
+    """TFMA's SlicingSpec (`feature_keys`, `feature_values`) plus loopline's numeric buckets. No keys
+    and no values: the overall slice."""
+
+    feature_keys: list[str] = Field(default_factory=list, description="A slice per value of these features (crossed when several).")
+    feature_values: dict[str, str] = Field(
+        default_factory=dict, description="Only the rows holding these values (as text: island: Biscoe, year: '2008').")
+    feature_buckets: dict[str, list[float]] = Field(
+        default_factory=dict, description="loopline's extension: a slice per interval [b_i, b_i+1) of a numeric feature "
+        "between these ascending boundaries, with (-inf, b_0) and [b_last, inf) at the ends; crossed with feature_keys. "
+        "TFMA buckets through a Transform feature instead.")
+
+    @model_validator(mode="after")
+    def _ascending(self):
+        for name, bounds in self.feature_buckets.items():
+            if not bounds or any(a >= b for a, b in zip(bounds, bounds[1:])):
+                raise ValueError(f"feature_buckets.{name}: boundaries must be ascending and distinct, got {bounds}")
+        return self
+
+
+class ValueThreshold(Section):
+    """TFMA's GenericValueThreshold: the metric must lie in [lower_bound, upper_bound]."""
+
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+
+
+class ChangeThreshold(Section):
+    """TFMA's GenericChangeThreshold on diff = candidate - champion: higher_is_better passes when
+    diff >= absolute and diff / champion >= relative; lower_is_better when diff <= absolute and
+    diff / champion <= relative (a champion of 0 fails the relative bound, as in TFMA)."""
+
+    direction: Literal["higher_is_better", "lower_is_better"]
+    absolute: float | None = None
+    relative: float | None = None
+
+
+class SliceThreshold(Section):
+    """TFMA's PerSliceMetricThreshold: one metric's thresholds on the slices of the given specs."""
+
+    slicing_specs: list[SlicingSpec] = Field(default_factory=lambda: [SlicingSpec()],
+                                             description="The slices it applies to; [{}] is the overall slice.")
+    metric: str = Field(description="A per-slice metric name, e.g. species_accuracy, body_mass_g_mae, loss.")
+    value_threshold: ValueThreshold | None = None
+    change_threshold: ChangeThreshold | None = None
 
 
 class EvaluatorConfig(Section):
@@ -53,3 +100,15 @@ class EvaluatorConfig(Section):
         "0..k-1; one column: a regression).")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
+    slicing_specs: list[SlicingSpec] = Field(
+        default_factory=list, description="TFMA's slicing_specs: metrics per slice of the eval split, in the same pass; "
+        "the overall slice is always there. E.g. [{feature_keys: [island]}, {feature_keys: [island, sex]}, "
+        "{feature_buckets: {body_mass_g: [3500, 4500]}}].")
+    slice_thresholds: list[SliceThreshold] = Field(
+        default_factory=list, description="TFMA's per-slice MetricThresholds (value and change vs the champion); "
+        "applied to slices of at least min_slice_size examples, the others reported.")
+    min_slice_size: int = Field(30, ge=1, description="Slices with fewer eval examples are reported, not gated.")
+    slice_guard: bool = Field(True, description="Compare every slice of at least min_slice_size examples with the "
+                              "champion on regression_metrics, as the overall figures are.")
+    slice_relative_tolerance: float | None = Field(None, ge=0, description="The slices' relative_tolerance; null: relative_tolerance.")
+    slice_absolute_tolerance: float | None = Field(None, ge=0, description="The slices' absolute_tolerance; null: absolute_tolerance.")

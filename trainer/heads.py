@@ -161,22 +161,28 @@ class HeadTotals:
                    losses: RowLosses | None = None) -> dict[str, tf.Tensor]:
         """One batch's sums; traceable, so an evaluation step can compute them with its predictions.
         `losses`: the batch's `row_losses`, when already computed."""
+        return {key: tf.reduce_sum(value) for key, value in self.row_values(targets, outputs, losses).items()}
+
+    @tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
+    def row_values(self, targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
+                   losses: RowLosses | None = None) -> dict[str, tf.Tensor]:
+        """What batch_sums adds up, row by row (`[rows]` each): summed per slice by trainer.slicing."""
         if losses is None:
             losses = self.row_losses(targets, outputs)
-        sums = {}
+        values = {}
         for head in self.heads:
             target, prediction = targets[head.name], outputs[head.name]
             loss, mask = losses[head.name]
-            sums[f"{head.name}/loss_sum"] = tf.reduce_sum(loss)
-            sums[f"{head.name}/count"] = tf.reduce_sum(mask)
+            values[f"{head.name}/loss_sum"] = loss
+            values[f"{head.name}/count"] = mask
             if head.kind == CLASSIFICATION:
-                sums[f"{head.name}/unseen"] = tf.reduce_sum(tf.cast(target == UNSEEN_LABEL, tf.float32))
+                values[f"{head.name}/unseen"] = tf.cast(target == UNSEEN_LABEL, tf.float32)
                 predicted = tf.argmax(prediction, axis=-1, output_type=tf.int32)
-                sums[f"{head.name}/correct"] = tf.reduce_sum(tf.cast(predicted == target, tf.float32) * mask)
+                values[f"{head.name}/correct"] = tf.cast(predicted == target, tf.float32) * mask
             else:
                 error = (tf.reshape(prediction, [-1]) - tf.where(mask > 0, target, 0.0)) * mask
-                sums[f"{head.name}/squared_error"] = tf.reduce_sum(tf.square(error))
-        return sums
+                values[f"{head.name}/squared_error"] = tf.square(error)
+        return values
 
     def metrics(self) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -1,6 +1,15 @@
 """Slices of the eval split (TFMA's SlicingSpec: feature_keys / feature_values, plus loopline's
-numeric buckets) and the per-slice figures the Evaluator writes beside blessing.json."""
+numeric buckets) and their figures, summed in the Evaluator's one streamed pass: the host finds
+each row's slices per batch (Slicer.batch), the compiled batch function sums the rows' values per
+slice with segment sums (segment_sums), and SliceTotals adds the batches up by slice key."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
 # model card and the Registrar read it.
@@ -9,3 +18,249 @@ SLICES_JSON = "slices.json"
 TFMA_FOLDER = "tfma"
 # The name of the slice of all examples, as TFMA's tools show it.
 OVERALL = "Overall"
+# A confusion matrix per slice is kept for classification heads of at most this many classes.
+MAX_CONFUSION_CLASSES = 32
+CALIBRATION_BINS = 10
+
+# A slice: its (feature, value as text) pairs sorted by feature, as TFMA orders a slice key; () is Overall.
+SliceKey = tuple[tuple[str, str], ...]
+_KINDS = {"bytes_list": "string", "int64_list": "int64", "float_list": "float32"}
+_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+
+
+def slice_name(key: SliceKey) -> str:
+    """`Overall`, `island=Biscoe`, `island=Biscoe,sex=male`, `body_mass_g=[3000,4000)`."""
+    return ",".join(f"{column}={value}" for column, value in key) if key else OVERALL
+
+
+def spec_columns(spec) -> set[str]:
+    return set(spec.feature_keys) | set(spec.feature_values) | set(spec.feature_buckets)
+
+
+def spec_matches(spec, key: SliceKey) -> bool:
+    """Whether a slice is one of a spec's (TFMA's SingleSliceSpec.is_slice_applicable)."""
+    values = dict(key)
+    return set(values) == spec_columns(spec) and all(values[k] == v for k, v in spec.feature_values.items())
+
+
+def bucket_text(bounds: list[float], index: int) -> str:
+    """The interval of bucket `index` (np.searchsorted side=right over `bounds`)."""
+    low = "-inf" if index == 0 else f"{bounds[index - 1]:g}"
+    high = "inf" if index == len(bounds) else f"{bounds[index]:g}"
+    return f"({low},{high})" if index == 0 else f"[{low},{high})"
+
+
+def value_text(value, kind: str) -> str:
+    if kind == "string":
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return str(int(value)) if kind == "int64" else format(float(value), ".9g")
+
+
+def feature_kinds(file_pattern: str, columns: set[str], look_at: int = 1000) -> dict[str, str]:
+    """How each slicing column is stored, from the first examples that hold it; a column none of
+    them holds is refused (a misspelt feature would otherwise slice nothing, silently)."""
+    from trainer.inputs import record_dataset
+
+    kinds: dict[str, str] = {}
+    for record in record_dataset(file_pattern).take(look_at):
+        features = tf.train.Example.FromString(record.numpy()).features.feature
+        for column in columns - set(kinds):
+            if column in features and features[column].WhichOneof("kind"):
+                kinds[column] = _KINDS[features[column].WhichOneof("kind")]
+        if len(kinds) == len(columns):
+            return kinds
+    raise ValueError(f"evaluator.slicing_specs: feature(s) {sorted(columns - set(kinds))} in none of the first "
+                     f"{look_at} examples of {file_pattern}")
+
+
+@dataclass
+class BatchSlices:
+    """A batch's slices: `keys[s]` for segment s, and the (row, segment) memberships."""
+
+    keys: list[SliceKey]
+    rows: np.ndarray  # int32
+    segments: np.ndarray  # int32, dense 0..len(keys)-1
+
+    def tensors(self) -> dict[str, tf.Tensor]:
+        return {"rows": tf.constant(self.rows), "segments": tf.constant(self.segments)}
+
+
+class Slicer:
+    """Each row's slices for a list of SlicingSpecs (the overall slice always first). A row missing a
+    spec's feature is in none of that spec's slices (as in TFMA); of a feature with several values,
+    the first is read."""
+
+    def __init__(self, specs: list, kinds: dict[str, str]):
+        self.specs = list(specs)
+        self.kinds = kinds
+        self._parse_spec = {c: tf.io.VarLenFeature(_DTYPES[k]) for c, k in kinds.items()}
+
+    @classmethod
+    def for_split(cls, specs: list, file_pattern: str) -> "Slicer":
+        columns = set().union(*(spec_columns(s) for s in specs)) if specs else set()
+        return cls(specs, feature_kinds(file_pattern, columns) if columns else {})
+
+    def batch(self, serialized: np.ndarray) -> BatchSlices:
+        rows = len(serialized)
+        keys: list[SliceKey] = [()]
+        members, segments = [np.arange(rows, dtype=np.int32)], [np.zeros(rows, np.int32)]
+        columns = self._columns(serialized, rows) if self.kinds else {}
+        for spec in self.specs:
+            spec_rows, codes, spec_keys = self._spec_slices(spec, columns, rows)
+            members.append(spec_rows)
+            segments.append(codes + len(keys))
+            keys.extend(spec_keys)
+        return BatchSlices(keys, np.concatenate(members).astype(np.int32), np.concatenate(segments).astype(np.int32))
+
+    def _columns(self, serialized: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each column's first value per row and whether the row has one."""
+        parsed = tf.io.parse_example(tf.constant(serialized, tf.string), self._parse_spec)
+        out = {}
+        for column, sparse in parsed.items():
+            indices, values = sparse.indices.numpy(), sparse.values.numpy()
+            first = indices[:, 1] == 0
+            present = np.zeros(rows, bool)
+            present[indices[first, 0]] = True
+            column_values = np.zeros(rows, values.dtype) if values.dtype != object else np.full(rows, b"", object)
+            column_values[indices[first, 0]] = values[first]
+            out[column] = (column_values, present)
+        return out
+
+    def _spec_slices(self, spec, columns, rows: int) -> tuple[np.ndarray, np.ndarray, list[SliceKey]]:
+        """The rows in the spec's slices, each one's slice (0..n-1) and the n slice keys."""
+        names = sorted(spec_columns(spec))
+        keep = np.ones(rows, bool)
+        for name in names:
+            keep &= columns[name][1]
+        code = np.zeros(int(keep.sum()), np.int64)
+        texts: list[list[str]] = []
+        for name in names:
+            values = columns[name][0][keep]
+            if name in spec.feature_buckets:
+                values = np.searchsorted(np.asarray(spec.feature_buckets[name]), values, side="right")
+            unique, inverse = np.unique(values, return_inverse=True)
+            text = [bucket_text(spec.feature_buckets[name], int(u)) if name in spec.feature_buckets
+                    else value_text(u, self.kinds[name]) for u in unique]
+            if name in spec.feature_values:  # only the rows holding the wanted value
+                wanted = np.array([t == spec.feature_values[name] for t in text], bool)
+                selected = wanted[inverse]
+                keep[np.flatnonzero(keep)[~selected]] = False
+                code, inverse = code[selected], inverse[selected]
+            code = code * len(unique) + inverse
+            texts.append(text)
+        slices, segment = np.unique(code, return_inverse=True)
+        keys = []
+        for value in slices:
+            parts = []
+            for name, text in reversed(list(zip(names, texts))):
+                value, index = divmod(int(value), len(text))
+                parts.append((name, text[index]))
+            keys.append(tuple(reversed(parts)))
+        return np.flatnonzero(keep).astype(np.int32), segment.astype(np.int32), keys
+
+
+@tf.autograph.experimental.do_not_convert  # no Python control flow on tensors: converting only costs tracing
+def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
+                     losses) -> dict[str, tf.Tensor]:
+    """What is summed per slice, row by row, beside HeadTotals.row_values: the row itself, each
+    regression's absolute error and each classifier's (label, predicted class) cell."""
+    values = {}
+    values["examples"] = tf.ones_like(losses[heads[0].name][1]) if heads else tf.zeros([0])
+    for head in heads:
+        mask = losses[head.name][1]
+        if head.kind == CLASSIFICATION and 0 < len(head.vocabulary or []) <= MAX_CONFUSION_CLASSES:
+            k = len(head.vocabulary)
+            predicted = tf.argmax(outputs[head.name], axis=-1, output_type=tf.int32)
+            cell = tf.maximum(targets[head.name], 0) * k + predicted
+            values[f"{head.name}/confusion"] = tf.one_hot(cell, k * k) * mask[:, tf.newaxis]
+        elif head.kind != CLASSIFICATION:
+            error = tf.reshape(outputs[head.name], [-1]) - tf.where(mask > 0, targets[head.name], 0.0)
+            values[f"{head.name}/abs_error"] = tf.abs(error) * mask
+    return values
+
+
+def segment_sums(values: dict[str, tf.Tensor], index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Each value summed per slice (`[slices, ...]`) over BatchSlices.tensors()' memberships."""
+    count = tf.reduce_max(index["segments"]) + 1
+    return {name: tf.math.unsorted_segment_sum(tf.gather(value, index["rows"]), index["segments"], count)
+            for name, value in values.items()}
+
+
+@tf.autograph.experimental.do_not_convert
+def calibration_sums(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
+                     losses) -> dict[str, tf.Tensor]:
+    """Per classifier, `[CALIBRATION_BINS, 3]` (rows, sum of the predicted probability, sum of the
+    outcome) by the probability's bin: the top class's confidence and whether it is right, or for a
+    binary head class 1's probability and whether the label is class 1."""
+    sums = {}
+    for head in heads:
+        if head.kind != CLASSIFICATION or not head.vocabulary:
+            continue
+        mask, target, scores = losses[head.name][1], targets[head.name], outputs[head.name]
+        if len(head.vocabulary) == 2:
+            probability, outcome = scores[:, 1], tf.cast(target == 1, tf.float32)
+        else:
+            probability = tf.reduce_max(scores, axis=-1)
+            outcome = tf.cast(tf.argmax(scores, axis=-1, output_type=tf.int32) == target, tf.float32)
+        bins = tf.clip_by_value(tf.cast(tf.floor(probability * CALIBRATION_BINS), tf.int32), 0, CALIBRATION_BINS - 1)
+        columns = tf.stack([mask, probability * mask, outcome * mask], axis=1)
+        sums[f"{head.name}/calibration"] = tf.math.unsorted_segment_sum(columns, bins, CALIBRATION_BINS)
+    return sums
+
+
+class SliceTotals:
+    """One model's per-slice sums over the batches, by slice key, and the overall calibration bins."""
+
+    def __init__(self, heads: list[Head]):
+        self.heads = heads
+        self.sums: dict[SliceKey, dict[str, np.ndarray]] = {}
+        self.calibration: dict[str, np.ndarray] = {}
+
+    def add(self, keys: list[SliceKey], sums: dict[str, tf.Tensor], calibration: dict[str, tf.Tensor]) -> None:
+        arrays = {name: np.asarray(value, np.float64) for name, value in sums.items()}
+        for i, key in enumerate(keys):
+            totals = self.sums.setdefault(key, {})
+            for name, array in arrays.items():
+                totals[name] = totals.get(name, 0.0) + array[i]
+        for name, value in calibration.items():
+            self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
+
+    def metrics(self, key: SliceKey) -> dict[str, float]:
+        """HeadTotals' metrics of the slice, with `<head>_mae` for regressions; a head without a
+        labelled row in the slice has no figures there (nor has the total `loss`)."""
+        sums = self.sums[key]
+        totals = HeadTotals(self.heads)
+        totals.add_sums({k: v for k, v in sums.items() if np.ndim(v) == 0 and "/" in k})
+        metrics = totals.metrics()
+        for head in self.heads:
+            if sums.get(f"{head.name}/count", 0.0) == 0:
+                metrics = {k: v for k, v in metrics.items() if not k.startswith(f"{head.name}_") or k.endswith("_examples")}
+                metrics.pop("loss", None), metrics.pop("weighted_loss", None)
+            elif f"{head.name}/abs_error" in sums:
+                metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
+        return metrics
+
+    def examples(self, key: SliceKey) -> int:
+        return int(round(float(self.sums[key].get("examples", 0.0))))
+
+    def confusion(self, key: SliceKey) -> dict[str, dict]:
+        out = {}
+        for head in self.heads:
+            cells = self.sums[key].get(f"{head.name}/confusion")
+            if cells is not None:
+                k = len(head.vocabulary)
+                out[head.name] = {"classes": list(head.vocabulary),
+                                  "matrix": np.rint(np.reshape(cells, (k, k))).astype(int).tolist()}
+        return out
+
+    def calibration_bins(self) -> dict[str, list[dict]]:
+        out = {}
+        for head in self.heads:
+            bins = self.calibration.get(f"{head.name}/calibration")
+            if bins is None:
+                continue
+            out[head.name] = [{"lower": i / CALIBRATION_BINS, "upper": (i + 1) / CALIBRATION_BINS,
+                               "examples": int(round(n)), "mean_prediction": p / n if n else None,
+                               "observed": o / n if n else None}
+                              for i, (n, p, o) in enumerate(bins.tolist())]
+        return out

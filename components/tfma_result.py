@@ -1,0 +1,161 @@
+"""The Evaluator's per-slice figures (trainer.slice_gates' report) written in TensorFlow Model
+Analysis' own format, with TFMA's protos: `eval_config.json` (an EvalRun), `metrics*.tfrecord`
+(MetricsForSlice), `plots*.tfrecord` (PlotsForSlice: each classifier's confusion matrix per slice,
+the overall calibration histogram) and `validations.tfrecord` (ValidationResult), so that
+`tfma.load_eval_result(folder)` reads them. TFMA is imported here only: it is heavy."""
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candidate and its baseline
+
+# loopline's per-head metric suffixes as TFMA names them (metric key name, per output = head).
+_TFMA_NAMES = {"loss": "loss", "accuracy": "accuracy", "rmse": "root_mean_squared_error",
+               "mae": "mean_absolute_error", "examples": "example_count",
+               "unseen_label_examples": "unseen_label_examples"}
+
+
+def write_eval_result(folder: str, report: dict, config, heads: list[str], candidate_path: str,
+                      champion_path: str | None, data_location: str) -> None:
+    """`report`: the Blessing's slices (trainer.slice_gates.slice_report, gated); `config`: the
+    EvaluatorConfig; `heads`: the candidate's head names (a metric `<head>_x` is output `head`)."""
+    from tensorflow_model_analysis.proto import validation_result_pb2
+    from tensorflow_model_analysis.writers.eval_config_writer import _serialize_eval_run
+
+    tf.io.gfile.makedirs(folder)
+    compared = any(s["champion"] for s in report["slices"])
+    locations = {CANDIDATE: candidate_path, **({BASELINE: champion_path} if compared and champion_path else {})}
+    with tf.io.gfile.GFile(os.path.join(folder, "eval_config.json"), "w") as f:
+        f.write(_serialize_eval_run(eval_config(config, compared), data_location, "tfrecords", locations))
+    kinds = report.get("_kinds", {})
+    with tf.io.TFRecordWriter(os.path.join(folder, "metrics-00000-of-00001.tfrecord")) as writer:
+        for entry in report["slices"]:
+            writer.write(metrics_for_slice(entry, heads, kinds, compared).SerializeToString())
+    with tf.io.TFRecordWriter(os.path.join(folder, "plots-00000-of-00001.tfrecord")) as writer:
+        for entry in report["slices"]:
+            plots = plots_for_slice(entry, kinds, report["calibration"] if not entry["features"] else {})
+            if plots.plot_keys_and_values:
+                writer.write(plots.SerializeToString())
+    result = validation_result_pb2.ValidationResult(validation_ok=all(g["passed"] for g in report["gates"]))
+    failing = {}
+    for g in report["gates"]:
+        if not g["passed"]:
+            entry = next(s for s in report["slices"] if s["slice"] == g["slice"])
+            if g["slice"] not in failing:
+                failing[g["slice"]] = result.metric_validations_per_slice.add(slice_key=slice_key(entry, kinds))
+            failure = failing[g["slice"]].failures.add(message=g["text"])
+            failure.metric_key.CopyFrom(metric_key(g["metric"], heads, CANDIDATE))
+            if g["candidate"] is not None:
+                failure.metric_value.double_value.value = g["candidate"]
+    with tf.io.TFRecordWriter(os.path.join(folder, "validations.tfrecord")) as writer:
+        writer.write(result.SerializeToString())
+
+
+def metric_key(name: str, heads: list[str], model_name: str, is_diff: bool = False):
+    """`<head>_<suffix>` as (output head, TFMA's name); others (`loss`, `weighted_loss`) on no output."""
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    for head in sorted(heads, key=len, reverse=True):  # the longest head name that prefixes it
+        if name.startswith(f"{head}_"):
+            suffix = name[len(head) + 1:]
+            return metrics_for_slice_pb2.MetricKey(name=_TFMA_NAMES.get(suffix, suffix), output_name=head,
+                                                   model_name=model_name, is_diff=is_diff)
+    return metrics_for_slice_pb2.MetricKey(name=name, model_name=model_name, is_diff=is_diff)
+
+
+def slice_key(entry: dict, kinds: dict[str, str]):
+    """TFMA's SliceKey: each feature's value typed as the examples store it (a bucket is its text)."""
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    key = metrics_for_slice_pb2.SliceKey()
+    for column, text in entry["features"].items():
+        single = key.single_slice_keys.add(column=column)
+        kind = kinds.get(column, "string")
+        if kind == "int64" and not text.startswith(("(", "[")):
+            single.int64_value = int(text)
+        elif kind == "float32" and not text.startswith(("(", "[")):
+            single.float_value = float(text)
+        else:
+            single.bytes_value = text.encode()
+    return key
+
+
+def metrics_for_slice(entry: dict, heads: list[str], kinds: dict[str, str], compared: bool):
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    out = metrics_for_slice_pb2.MetricsForSlice(slice_key=slice_key(entry, kinds))
+
+    def add(key, value: float) -> None:
+        pair = out.metric_keys_and_values.add()
+        pair.key.CopyFrom(key)
+        pair.value.double_value.value = float(value)
+
+    add(metrics_for_slice_pb2.MetricKey(name="example_count", model_name=CANDIDATE), entry["examples"])
+    for name, value in entry["candidate"].items():
+        add(metric_key(name, heads, CANDIDATE), value)
+    for name, value in (entry["champion"] or {}).items() if compared else ():
+        add(metric_key(name, heads, BASELINE), value)
+        if name in entry["candidate"]:  # TFMA's diff: candidate - baseline, under the candidate
+            add(metric_key(name, heads, CANDIDATE, is_diff=True), entry["candidate"][name] - value)
+    return out
+
+
+def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, list[dict]]):
+    """The slice's confusion matrices (TFMA's multi_class_confusion_matrix_plot, at threshold 0:
+    the top class predicted) and, for Overall, the calibration histograms (calibration_plot)."""
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    out = metrics_for_slice_pb2.PlotsForSlice(slice_key=slice_key(entry, kinds))
+    for head, confusion in entry["confusion"].items():
+        plot = out.plot_keys_and_values.add()
+        plot.key.CopyFrom(metrics_for_slice_pb2.PlotKey(name="multi_class_confusion_matrix_plot", output_name=head,
+                                                        model_name=CANDIDATE))
+        matrix = plot.value.multi_class_confusion_matrix_at_thresholds.matrices.add(threshold=0.0)
+        for actual, row in enumerate(confusion["matrix"]):
+            for predicted, count in enumerate(row):
+                matrix.entries.add(actual_class_id=actual, predicted_class_id=predicted, num_weighted_examples=count)
+    for head, bins in calibration.items():
+        plot = out.plot_keys_and_values.add()
+        plot.key.CopyFrom(metrics_for_slice_pb2.PlotKey(name="calibration_plot", output_name=head, model_name=CANDIDATE))
+        for b in bins:
+            bucket = plot.value.calibration_histogram_buckets.buckets.add(
+                lower_threshold_inclusive=b["lower"], upper_threshold_exclusive=b["upper"])
+            bucket.num_weighted_examples.value = b["examples"]
+            bucket.total_weighted_label.value = (b["observed"] or 0.0) * b["examples"]
+            bucket.total_weighted_refined_prediction.value = (b["mean_prediction"] or 0.0) * b["examples"]
+    return out
+
+
+def eval_config(config, compared: bool):
+    """The EvalConfig this evaluation is equivalent to: the models, the slicing specs (overall first;
+    loopline's buckets have no TFMA field and are left out of the spec), the per-slice thresholds."""
+    from tensorflow_model_analysis.proto import config_pb2
+
+    specs = [config_pb2.ModelSpec(name=CANDIDATE, signature_name=config.signature_name, label_key=config.label_key or "")]
+    if compared:
+        specs.append(config_pb2.ModelSpec(name=BASELINE, is_baseline=True, signature_name=config.signature_name))
+    out = config_pb2.EvalConfig(model_specs=specs, slicing_specs=[config_pb2.SlicingSpec()])
+    out.slicing_specs.extend(tfma_slicing_spec(s) for s in config.slicing_specs)
+    metrics = out.metrics_specs.add()
+    for t in config.slice_thresholds:
+        threshold = config_pb2.MetricThreshold()
+        if t.value_threshold is not None:
+            for bound in ("lower_bound", "upper_bound"):
+                if getattr(t.value_threshold, bound) is not None:
+                    getattr(threshold.value_threshold, bound).value = getattr(t.value_threshold, bound)
+        if t.change_threshold is not None:
+            threshold.change_threshold.direction = config_pb2.MetricDirection.Value(t.change_threshold.direction.upper())
+            for bound in ("absolute", "relative"):
+                if getattr(t.change_threshold, bound) is not None:
+                    getattr(threshold.change_threshold, bound).value = getattr(t.change_threshold, bound)
+        metrics.per_slice_thresholds[t.metric].thresholds.add(
+            slicing_specs=[tfma_slicing_spec(s) for s in t.slicing_specs], threshold=threshold)
+    return out
+
+
+def tfma_slicing_spec(spec):
+    from tensorflow_model_analysis.proto import config_pb2
+
+    return config_pb2.SlicingSpec(feature_keys=list(spec.feature_keys), feature_values=dict(spec.feature_values))
