@@ -9,7 +9,7 @@ import os
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types.standard_artifacts import Examples, Model, ModelRun, Schema, TransformGraph
+from tfx.types.standard_artifacts import Examples, HyperParameters, Model, ModelRun, Schema, TransformGraph
 from tfx.utils import path_utils
 
 from components.splits import EVAL_SPLIT, TRAIN_SPLIT, columns_dir, split_pattern
@@ -34,12 +34,14 @@ def Trainer(
     tracking: Parameter[str] = "",
     transform_graph: InputArtifact[TransformGraph] = None,
     transformed_examples: InputArtifact[Examples] = None,
+    hyperparameters: InputArtifact[HyperParameters] = None,
 ) -> None:
     """`trainer_config` is the `trainer:` section as JSON; `module_sha256` makes the cache see
     edits to the user's module file; `export_config` is the `export:` section as JSON;
     `tracking` is a tracking.target.TrackingTarget as JSON (empty: no MLflow); `label_kind` and
     `max_classes` are data.label_kind and data.max_classes (0: no cap); `transform_graph` and
-    `transformed_examples`: the Transform step's, given to a TFX module's run_fn."""
+    `transformed_examples`: the Transform step's, given to a TFX module's run_fn; `hyperparameters`:
+    the Tuner step's best, a run_fn's `fn_args.hyperparameters`, else set over `trainer_config`."""
     del module_sha256  # Only there for the cache key.
     from trainer.config import TrainerConfig
     from trainer.export import dropped_variants, export_model
@@ -50,8 +52,14 @@ def Trainer(
     logging.getLogger("loopline").setLevel(logging.INFO)
     config = TrainerConfig.model_validate_json(trainer_config)
     if defines_run_fn(config.module_file):
-        _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run, tracking)
+        _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run, tracking,
+                     hyperparameters)
         return
+    tuned = _tuned_values(hyperparameters)
+    if tuned:
+        from trainer.tuning import with_values
+
+        config = with_values(config, tuned)
     kinds = None
     if schema is not None:  # the parsing spec comes from the schema, not from sampling the data
         from trainer.features import kinds_from_schema
@@ -75,10 +83,22 @@ def Trainer(
         if run:
             run.finish({}, failed=True)
         raise
-    _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run, result.exported)
+    _record(model, model_run, {**result.metrics, "steps": result.steps}, dropped_variants(report), run, result.exported,
+            tuned=tuned, hyperparameters=hyperparameters, tracking=tracking)
 
 
-def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tracking: str) -> None:
+def _tuned_values(hyperparameters) -> dict:
+    """The Tuner's best values ({} without a Tuner step), logged: the Trainer trains with them."""
+    if hyperparameters is None:
+        return {}
+    from components.tfx_fn_args import read_best_hyperparameters
+
+    values = read_best_hyperparameters(hyperparameters.uri).get("values", {})
+    logging.getLogger("loopline").info("trainer: the Tuner's best hyperparameters: %s", values)
+    return values
+
+
+def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tracking: str, hyperparameters) -> None:
     """TFX's Trainer contract: the module's run_fn trains and writes `fn_args.serving_model_dir`.
     The custom loop's controls and loopline's export (TFLite, warmup) do not apply to it. What a
     `fit()` wrote through its TensorBoard callback into `model_run_dir` goes to MLflow: each
@@ -92,7 +112,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     from trainer.session_check import session_problem
 
     run_fn = module_function(config.module_file, "run_fn")
-    fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config)
+    fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config, hyperparameters)
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
         run_fn(fn_args)
@@ -116,12 +136,15 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
         for epoch, metrics in sorted(history.items()):
             run.sink.log(epoch, metrics)
     steps = optimizer_steps(model_run.uri)
-    _record(model, model_run, {**final_eval_metrics(history), **({"steps": steps} if steps else {})}, {}, run, {})
+    _record(model, model_run, {**final_eval_metrics(history), **({"steps": steps} if steps else {})}, {}, run, {},
+            tuned=(fn_args.hyperparameters or {}).get("values", {}), hyperparameters=hyperparameters, tracking=tracking)
 
 
-def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict) -> None:
+def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict, tuned: dict | None = None,
+            hyperparameters=None, tracking: str = "") -> None:
     """metrics.json, the Model artifact's properties the run summary and Registrar read, and the
-    MLflow run finished (the Registrar continues it)."""
+    MLflow run finished (the Registrar continues it) with the tuned values as parameters
+    (`tuned.<key>`) and the Tuner's search run nested under it."""
     import tensorflow as tf
 
     from trainer.export import exported_weights
@@ -139,7 +162,13 @@ def _record(model, model_run, metrics: dict, dropped: dict, run, exported: dict)
         tags = {EXPORTED_TAG: exported_weights(exported)} if exported else {}  # none from a run_fn
         if dropped:
             tags[TFLITE_DROPPED_TAG] = json.dumps(dropped)
-        delivery = run.finish({"trainer": model_run.uri}, tags=tags)
+        delivery = run.finish({"trainer": model_run.uri}, tags=tags,
+                              params={f"tuned.{k}": v for k, v in (tuned or {}).items()})
+        if hyperparameters is not None:
+            from components.tuner import SEARCH_RUN
+            from tracking.tuning_runs import adopt
+
+            adopt(tracking, hyperparameters.get_string_custom_property(SEARCH_RUN), delivery.run_id or "")
         # The Registrar continues this MLflow run (and replays undelivered metrics) from here.
         model.set_string_custom_property("mlflow_run_id", delivery.run_id or "")
         model.set_int_custom_property("mlflow_undelivered_metrics", delivery.undelivered)

@@ -17,6 +17,7 @@ from serving.config import ServingConfig
 from trainer.config import TrainerConfig
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.export_config import ExportConfig
+from trainer.tuning import TunerConfig
 from validation.config import ValidationConfig
 
 
@@ -157,6 +158,8 @@ class LooplineConfig(_Section):
                                    "controls, checkpoints, evaluation, summaries.")
     transform: TransformSection = Field(TransformSection(), description="TFX's Transform step: a module file's "
                                         "preprocessing_fn over the data (off by default).")
+    tuner: TunerConfig = Field(TunerConfig(), description="A Tuner step before the Trainer: a TFX module's tuner_fn, "
+                               "or a search over loopline's own model's keys (off by default).")
     serving: ServingConfig = Field(ServingConfig(), description="The served model and the embedded TF-Serving-compatible "
                                    "server (`loopline serve`).")
     export: ExportConfig = Field(ExportConfig(), description="What the Trainer writes besides the SavedModel: TFLite "
@@ -186,7 +189,7 @@ class LooplineConfig(_Section):
 
 # Keys holding paths, resolved against the config file's folder.
 _PATH_KEYS = (("pipeline", "root"), ("pipeline", "metadata_path"), ("data", "path"), ("trainer", "module_file"), ("data", "schema"),
-              ("data", "eval_path"), ("transform", "module_file"), ("serving", "tls_cert"), ("serving", "tls_key"))
+              ("data", "eval_path"), ("transform", "module_file"), ("tuner", "module_file"), ("serving", "tls_cert"), ("serving", "tls_key"))
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

@@ -32,15 +32,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def paths_in_image(config: LooplineConfig) -> LooplineConfig:
-    """A module file from this repository's examples/ is at IMAGE_PREFIX in the image: point the
-    compiled spec there (the content, and so the cache key, is the same)."""
-    module = config.trainer.module_file
+    """A module file from this repository's examples/ (trainer.module_file, tuner.module_file) is
+    at IMAGE_PREFIX in the image: point the compiled spec there (the content, and so the cache
+    key, is the same)."""
+    config = config.model_copy(deep=True)
+    for section in (config.trainer, config.tuner):
+        section.module_file = _in_image(section.module_file)
+    return config
+
+
+def _in_image(module: str | None) -> str | None:
     examples = REPO / "examples"
     if module is None or "://" in module or not Path(module).resolve().is_relative_to(examples):
-        return config
-    config = config.model_copy(deep=True)
-    config.trainer.module_file = IMAGE_PREFIX + str(Path(module).resolve().relative_to(REPO))
-    return config
+        return module
+    return IMAGE_PREFIX + str(Path(module).resolve().relative_to(REPO))
 
 
 @dataclass
@@ -72,12 +77,13 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
                 "--allow-local-paths if it is on a volume mounted at that path in every pod"
             )
         warnings.append(f"{key}: {value} must be on a volume mounted at that path in every pod")
-    module = config.trainer.module_file
-    if module is not None and not module.startswith(IMAGE_PREFIX):
-        warnings.append(
-            f"trainer.module_file: {module} must exist at that path in the image; the image "
-            f"ships the examples under {IMAGE_PREFIX}examples/"
-        )
+    for key, module in (("trainer.module_file", config.trainer.module_file),
+                        ("tuner.module_file", config.tuner.module_file)):
+        if module is not None and not module.startswith(IMAGE_PREFIX):
+            warnings.append(
+                f"{key}: {module} must exist at that path in the image; the image "
+                f"ships the examples under {IMAGE_PREFIX}examples/"
+            )
     if config.pipeline.enable_cache:
         warnings.append(
             "pipeline.enable_cache: the compiled spec cannot see the data baseline in its cache keys, so after "

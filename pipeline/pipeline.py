@@ -22,6 +22,7 @@ from components.statistics_gen import StatisticsGen
 from components.registrar import Registrar
 from components.trainer import Trainer
 from components.transform import Transform
+from components.tuner import Tuner
 from pipeline.checks import check_stock_options
 from pipeline.config import ConfigError, LooplineConfig, is_remote
 from pipeline.tracking_setup import registered_model_name, tracking_target
@@ -142,12 +143,15 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
     transform = _transform(config, example_gen, statistics_gen, schema_gen)
     if transform is not None:
         transform.add_upstream_node(data_gate)  # no analysis of data that failed validation
+    tuner = _tuner(config, target, example_gen, schema_gen, transform, check_files=local_metadata)
+    if tuner is not None:
+        tuner.add_upstream_node(data_gate)  # no search on data that failed validation
     trainer, evaluator = _training(config, target, example_gen, statistics_gen, schema_gen, example_validator,
-                                   transform)
+                                   transform, tuner)
     trainer.add_upstream_node(data_gate)  # no training on data that failed validation
     pusher, baseline_recorder, serving_configs = _delivery(config, target, example_gen, trainer, evaluator,
                                                            statistics_gen, schema_gen)
-    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform]),
+    components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform, tuner]),
                   trainer, evaluator, pusher, baseline_recorder, serving_configs]
     if target and _is_tfx_module(config.trainer.module_file):
         # The Registrar logs loopline's exports as MLflow models; a run_fn's model is tracked
@@ -216,14 +220,60 @@ def _transform(config: LooplineConfig, example_gen, statistics_gen, schema_gen):
                      module_sha256=_module_digest(module_file))
 
 
-def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator, transform):
-    """The Trainer (`target`: where its MLflow run goes, None for none; `transform`: the Transform
-    step, None for none), and the Evaluator that blesses its model against the champion: the
-    version behind the champion alias's TF Serving label, else the last pushed."""
-    transformed = {} if transform is None else {"transform_graph": transform.outputs["transform_graph"],
-                                                "transformed_examples": transform.outputs["transformed_examples"]}
+def _transformed(transform) -> dict:
+    """The Transform step's outputs as a Trainer's or Tuner's inputs ({} without one)."""
+    return {} if transform is None else {"transform_graph": transform.outputs["transform_graph"],
+                                         "transformed_examples": transform.outputs["transformed_examples"]}
+
+
+def _tuner(config: LooplineConfig, target, example_gen, schema_gen, transform, check_files: bool = True):
+    """The Tuner step (`tuner.module_file`'s tuner_fn, or loopline's search with tuner.enabled),
+    None when it is off; `check_files`: the module file is on this machine (not in a compiled
+    spec's image). Its cache key holds the search space and the trainer's settings (the
+    configs), and the tuner's and trainer's module files' digests: unchanged data, space and
+    modules reuse the last search."""
+    section = config.tuner
+    if not section.on:
+        return None
+    module_file = section.module_file
+    if module_file is not None and check_files and not is_remote(module_file):  # stop before any work
+        if not os.path.isfile(module_file):
+            raise ConfigError(f"tuner.module_file: no such file: {module_file}")
+        if not defines_function(module_file, "tuner_fn"):
+            raise ConfigError(f"tuner.module_file: {module_file} defines no tuner_fn(fn_args) at its top level")
+    if module_file is None and _is_tfx_module(config.trainer.module_file):
+        raise ConfigError("tuner.enabled: trainer.module_file is a TFX module file (run_fn): loopline's search tunes "
+                          "loopline's models; set tuner.module_file to a module with tuner_fn(fn_args)")
+    return Tuner(
+        **_transformed(transform),
+        examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
+        tuner_config=section.model_dump_json(),
+        trainer_config=config.trainer.model_dump_json(),
+        label=config.data.label,
+        label_kind=config.data.label_kind,
+        max_classes=config.data.max_classes or 0,
+        module_sha256=tuner_cache_digest(config),
+        tracking=target.to_json() if target else "",
+    )
+
+
+def tuner_cache_digest(config: LooplineConfig) -> str:
+    """The digests of the files a search runs besides the config: the tuner's module file and
+    the trainer's (a loopline module's build_model is what trials train)."""
+    return ",".join([_module_digest(config.tuner.module_file), _module_digest(config.trainer.module_file)])
+
+
+def _training(config: LooplineConfig, target, example_gen, statistics_gen, schema_gen, example_validator, transform,
+              tuner=None):
+    """The Trainer (`target`: where its MLflow run goes, None for none; `transform` and `tuner`:
+    the Transform and Tuner steps, None for none), and the Evaluator that blesses its model
+    against the champion: the version behind the champion alias's TF Serving label, else the
+    last pushed."""
+    tuned = {} if tuner is None else {"hyperparameters": tuner.outputs["best_hyperparameters"]}
     trainer = Trainer(
-        **transformed,
+        **_transformed(transform),
+        **tuned,
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
         trainer_config=config.trainer.model_dump_json(),

@@ -256,3 +256,33 @@ def test_eval_path_keeps_the_bucket_scheme(tmp_path):
     assert example_gen.exec_properties["input_base"] == "gs://loopline-test-bucket/data"
     splits = json.loads(example_gen.exec_properties["input_config"])["splits"]
     assert [(s["name"], s["pattern"]) for s in splits] == [("train", "penguins.csv"), ("eval", "eval/penguins.csv")]
+
+
+SEARCH_SPACE = "tuner.search_space={learning_rate: {min: 0.001, max: 0.03, sampling: log}, hparams.units: {values: [16, 64]}}"
+
+
+def test_the_tuner_is_a_step_of_its_own(tmp_path):
+    """tuner.enabled adds a Tuner task in the image, after the data gate; the Trainer takes its
+    best_hyperparameters; a tuner.module_file from examples/ points into the image."""
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    config = remote_config(tmp_path, "tuner.enabled=true", SEARCH_SPACE)
+    result = compile_kubeflow(config, IMAGE, tmp_path / "pipeline.json")
+    spec = json.loads((tmp_path / "pipeline.json").read_text())["pipelineSpec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    assert result.tasks.index("DataGate") < result.tasks.index("Tuner") < result.tasks.index("Trainer")
+    assert "DataGate" in tasks["Tuner"]["dependentTasks"] and "Tuner" in tasks["Trainer"]["dependentTasks"]
+    source = tasks["Trainer"]["inputs"]["artifacts"]["hyperparameters"]["taskOutputArtifact"]
+    assert source == {"producerTask": "Tuner", "outputArtifactKey": "best_hyperparameters"}
+    executor = spec["deploymentSpec"]["executors"]["Tuner_executor"]["container"]
+    assert executor["image"] == IMAGE
+    assert executor["args"][executor["args"].index("--executor_class_path") + 1].startswith("components.tuner.")
+    tuner_config = json.loads(tasks["Tuner"]["inputs"]["parameters"]["tuner_config"]["runtimeValue"]["constant"])
+    assert tuner_config["search_space"]["hparams.units"] == {"values": [16, 64]}
+
+    # (a tuner_fn is looked for where the file is: in the image)
+    with_module = remote_config(tmp_path, f"tuner.module_file={REPO / 'examples' / 'penguins' / 'model.py'}")
+    compile_kubeflow(with_module, IMAGE, tmp_path / "module.json")
+    tasks = json.loads((tmp_path / "module.json").read_text())["pipelineSpec"]["root"]["dag"]["tasks"]
+    tuner_config = json.loads(tasks["Tuner"]["inputs"]["parameters"]["tuner_config"]["runtimeValue"]["constant"])
+    assert tuner_config["module_file"] == "/opt/loopline/examples/penguins/model.py"

@@ -206,7 +206,7 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, col
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
     return {"all_kinds": all_kinds, "module": module, "columns": columns, "validation": validation, "stats": stats, "heads": heads,
-            "ctx": ModelContext(inputs, stats, heads), "metric": metric, "patience": patience, "held_out": held_out,
+            "ctx": ModelContext(inputs, stats, heads, hparams=dict(config.hparams)), "metric": metric, "patience": patience, "held_out": held_out,
             "handed": handed}
 
 

@@ -122,6 +122,12 @@ class TrainerConfig(Section):
         description="Per-layer learning-rate multipliers: {regex on variable path: factor}; first match wins.",
     )
 
+    hparams: dict[str, Any] = Field(
+        default_factory=dict, description="Model hyperparameters, given to a module's build_model as ctx.hparams; "
+        "the generic tabular model reads units (64), layers (2), l2 (0.001) and dropout (0.0). A Tuner step's best "
+        "values for hparams.<key> land here.",
+    )
+
     # Checkpoints, evaluation, summaries.
     checkpoint_every_steps: int | None = Field(None, ge=1, description="Default: at the end of every epoch.")
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept in `<work_dir>/checkpoints` (the newest N).")

@@ -100,13 +100,20 @@ class Encoding:
 # a few hundred rows), the best epoch on held-out rows and early stopping (trainer.selection).
 HIDDEN_UNITS = (64, 64)
 L2 = 1e-3
+# trainer.hparams keys the generic model reads (what tuner.search_space may name as hparams.<key>).
+GENERIC_HPARAMS = {"units": HIDDEN_UNITS[0], "layers": len(HIDDEN_UNITS), "l2": L2, "dropout": 0.0}
 
 
 def build_tabular_model(ctx: ModelContext, hidden_units=None) -> keras.Model:
+    """`hidden_units` (a tuple of widths) wins over ctx.hparams' `units` x `layers`."""
+    hp = {**GENERIC_HPARAMS, **ctx.hparams}
     inputs = ctx.inputs()
     x = ctx.encoder()(inputs)
-    for i, units in enumerate(hidden_units or HIDDEN_UNITS):
-        x = keras.layers.Dense(units, activation="relu", kernel_regularizer=keras.regularizers.L2(L2), name=f"hidden_{i}")(x)
+    for i, units in enumerate(hidden_units or (int(hp["units"]),) * int(hp["layers"])):
+        x = keras.layers.Dense(units, activation="relu", kernel_regularizer=keras.regularizers.L2(float(hp["l2"])),
+                               name=f"hidden_{i}")(x)
+        if float(hp["dropout"]) > 0:
+            x = keras.layers.Dropout(float(hp["dropout"]), name=f"dropout_{i}")(x)
     outputs = {head.name: head.output_layer(x) for head in ctx.heads}
     return keras.Model(inputs, outputs, name="tabular")
 
