@@ -212,17 +212,17 @@ def _parsed_numpy(examples: list[bytes], kinds: dict[str, str]) -> dict[str, np.
     return {k: v.numpy() for k, v in parsed.items()}
 
 
-def _folder_bytes(path: str) -> int:
+def folder_bytes(path: str) -> int:
     return sum(tf.io.gfile.stat(os.path.join(d, f)).length for d, _, files in tf.io.gfile.walk(path) for f in files)
 
 
-def _write(path: str, content: str | bytes) -> None:
+def write_file(path: str, content: str | bytes) -> None:
     """Through tf.io.gfile: artifact folders may be on gs:// or another remote filesystem."""
     with tf.io.gfile.GFile(path, "wb" if isinstance(content, bytes) else "w") as f:
         f.write(content)
 
 
-def _signatures(loaded) -> dict:
+def signatures_of(loaded) -> dict:
     out = {}
     for name, fn in loaded.signatures.items():
         inputs = fn.structured_input_signature[1]
@@ -260,8 +260,8 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     reference = tflite.run_saved_model(raw, features)
     one = {k: v[:1] for k, v in features.items()}
     report = {
-        "signatures": _signatures(loaded),
-        "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
+        "signatures": signatures_of(loaded),
+        "saved_model": {"path": serving_dir, "size_bytes": folder_bytes(serving_dir),
                         "latency_ms": tflite.saved_model_latency_ms(raw, one, config.latency_runs)},
         "metrics": metrics,
         "exported": exported or {},
@@ -276,7 +276,7 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     results = []
     for variant, content in tflite.convert_variants(serving_dir, config.tflite_variants, representative, loaded).items():
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
-        _write(path, content)
+        write_file(path, content)
         result = tflite.check_variant(variant, content, reference, features, labels, heads,
                                       config.output_tolerance[variant], config.metric_tolerance[variant], path)
         if result.passed:
@@ -310,8 +310,8 @@ def _export_without_heads(model: keras.Model, metrics: dict[str, float], serving
     write_logs(serving_dir, [predict_log(names.DEFAULT, one)])
     loaded = tf.saved_model.load(serving_dir)
     report = {
-        "signatures": _signatures(loaded),
-        "saved_model": {"path": serving_dir, "size_bytes": _folder_bytes(serving_dir),
+        "signatures": signatures_of(loaded),
+        "saved_model": {"path": serving_dir, "size_bytes": folder_bytes(serving_dir),
                         "latency_ms": tflite.saved_model_latency_ms(loaded.signatures[names.DEFAULT], one,
                                                                     config.latency_runs)},
         "metrics": metrics,
@@ -338,8 +338,8 @@ def write_report(folder: str, report: dict, blessing: dict | None = None) -> Non
     """`export_report.json` and a short `export_report.md` (plus the blessing when known)."""
     if blessing is not None:
         report = {**report, "blessing": blessing}
-    _write(os.path.join(folder, REPORT_JSON), json.dumps(report, indent=2, default=str) + "\n")
-    _write(os.path.join(folder, REPORT_MD), report_markdown(report))
+    write_file(os.path.join(folder, REPORT_JSON), json.dumps(report, indent=2, default=str) + "\n")
+    write_file(os.path.join(folder, REPORT_MD), report_markdown(report))
 
 
 def report_markdown(report: dict) -> str:
@@ -351,12 +351,11 @@ def report_markdown(report: dict) -> str:
     saved = report["saved_model"]
     lines += ["", "## Sizes, parity and latency (one example)", "",
               "| model | size | max abs diff | metric delta | latency ms | parity |", "|---|---|---|---|---|---|",
-              f"| SavedModel | {saved['size_bytes']:,} B | | | {saved['latency_ms']:.3f} | reference |"]
+              f"| SavedModel | {saved['size_bytes']:,} B | | | {_ms(saved['latency_ms'])} | reference |"]
     for v in report["tflite"]:
         diff = ", ".join(f"{k} {x:.2g}" for k, x in v["max_abs_diff"].items())
         delta = ", ".join(f"{k} {x:.2g}" for k, x in v["metric_delta"].items())
-        latency = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else "-"
-        lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {latency} | "
+        lines.append(f"| TFLite {v['variant']} | {v['size_bytes']:,} B | {diff} | {delta} | {_ms(v['latency_ms'])} | "
                      f"{_parity_cell(v)} |")
     exported = report.get("exported")
     if exported:
@@ -378,6 +377,10 @@ def exported_weights(exported: dict) -> str:
     if exported.get("metric"):
         return f"{where}: the last weights (not selected by {exported['split']} {exported['metric']})"
     return f"{where}: the last weights"
+
+
+def _ms(latency: float | None) -> str:
+    return f"{latency:.3f}" if latency is not None else "-"
 
 
 def _parity_cell(variant: dict) -> str:

@@ -53,16 +53,17 @@ class VariantReport:
 
 
 def convert_variants(saved_model_dir: str, variants: list[str],
-                     representative: dict[str, np.ndarray] | None = None, loaded=None) -> dict[str, bytes]:
-    """Converts the SavedModel's `predict_raw` signature to each variant, with one converter: each
-    variant sets every option a variant sets (the same bytes as a converter of its own). `loaded`:
-    the folder's SavedModel as the caller already loaded it (`tf.saved_model.load`), which the
-    converter then uses instead of loading it again."""
+                     representative: dict[str, np.ndarray] | None = None, loaded=None,
+                     signature: str = SIGNATURE) -> dict[str, bytes]:
+    """Converts the SavedModel's `signature` (loopline's exports: `predict_raw`) to each variant,
+    with one converter: each variant sets every option a variant sets (the same bytes as a converter
+    of its own). `loaded`: the folder's SavedModel as the caller already loaded it
+    (`tf.saved_model.load`), which the converter then uses instead of loading it again."""
     if not variants:
         return {}
     out = {}
     with _saved_model_loaded_once(saved_model_dir, loaded):
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[SIGNATURE])
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys=[signature])
         with _collector_sees_new_objects_only():
             for variant in variants:
                 _set_variant(converter, variant, representative)
@@ -151,11 +152,12 @@ def as_numpy_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def run_tflite(model_content: bytes, features: dict[str, np.ndarray], batch_size: int = 256) -> dict[str, np.ndarray]:
-    """Runs the variant's `predict_raw` over all rows, in batches."""
+def run_tflite(model_content: bytes, features: dict[str, np.ndarray], batch_size: int = 256,
+               signature: str = SIGNATURE) -> dict[str, np.ndarray]:
+    """Runs the variant's `signature` over all rows, in batches."""
     from ai_edge_litert.interpreter import Interpreter
 
-    runner = Interpreter(model_content=model_content).get_signature_runner(SIGNATURE)
+    runner = Interpreter(model_content=model_content).get_signature_runner(signature)
     features = as_numpy_inputs(features)
     rows = len(next(iter(features.values())))
     chunks: dict[str, list] = {}
@@ -228,11 +230,11 @@ def compare(variant: str, tflite_out: dict[str, np.ndarray], reference: dict[str
 
 def check_variant(variant: str, model_content: bytes, reference: dict[str, np.ndarray], features: dict[str, np.ndarray],
                   labels: dict[str, np.ndarray], heads: list[Head], output_tolerance: float, metric_tolerance: float,
-                  path: str | None = None) -> VariantReport:
+                  path: str | None = None, signature: str = SIGNATURE) -> VariantReport:
     """The parity gate for one variant; a variant that does not even load fails it too."""
     report = VariantReport(variant, path, len(model_content), examples=len(next(iter(features.values()))))
     try:
-        out = run_tflite(model_content, features)
+        out = run_tflite(model_content, features, signature=signature)
     except Exception as exc:  # A corrupt flatbuffer raises here (LiteRT verifies it on load).
         report.problems.append(f"does not run in LiteRT: {type(exc).__name__}: {exc}")
         return report
@@ -240,11 +242,12 @@ def check_variant(variant: str, model_content: bytes, reference: dict[str, np.nd
     return report
 
 
-def tflite_latency_ms(model_content: bytes, one_example: dict[str, np.ndarray], runs: int) -> float:
-    """Median wall time of one single-example `predict_raw` invocation."""
+def tflite_latency_ms(model_content: bytes, one_example: dict[str, np.ndarray], runs: int,
+                      signature: str = SIGNATURE) -> float:
+    """Median wall time of one single-example `signature` invocation."""
     from ai_edge_litert.interpreter import Interpreter
 
-    runner = Interpreter(model_content=model_content).get_signature_runner(SIGNATURE)
+    runner = Interpreter(model_content=model_content).get_signature_runner(signature)
     inputs = as_numpy_inputs(one_example)
     return median_ms(lambda: runner(**inputs), runs)
 
