@@ -53,7 +53,7 @@ def Trainer(
     config = TrainerConfig.model_validate_json(trainer_config)
     if defines_run_fn(config.module_file):
         _call_run_fn(config, transformed_examples or examples, schema, transform_graph, model, model_run, tracking,
-                     hyperparameters)
+                     hyperparameters, examples, ExportConfig.model_validate_json(export_config))
         return
     tuned = _tuned_values(hyperparameters)
     if tuned:
@@ -98,17 +98,22 @@ def _tuned_values(hyperparameters) -> dict:
     return values
 
 
-def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tracking: str, hyperparameters) -> None:
+def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tracking: str, hyperparameters,
+                 raw_examples, export) -> None:
     """TFX's Trainer contract: the module's run_fn trains and writes `fn_args.serving_model_dir`.
-    The custom loop's controls and loopline's export (TFLite, warmup) do not apply to it. What a
-    `fit()` wrote through its TensorBoard callback into `model_run_dir` goes to MLflow: each
-    epoch's metrics, and the logs themselves."""
+    The custom loop's controls and warmup do not apply to it; its TFLite variants are checked on
+    `raw_examples` (its serving signature takes raw tf.Examples) under `export` (the export:
+    section; trainer.foreign_export). What a `fit()` wrote through its TensorBoard callback into
+    `model_run_dir` goes to MLflow: each epoch's metrics, and the logs themselves."""
     import tensorflow as tf
 
     from components.tfx_fn_args import trainer_fn_args
     from components.tfx_module_file import module_function
+    from serving.signature_names import DEFAULT
     from tracking.training_run import TAG_MODEL_URI, start_training_run
+    from trainer.export import dropped_variants
     from trainer.fit_logs import final_eval_metrics, fit_history, optimizer_steps
+    from trainer.foreign_export import export_foreign
     from trainer.session_check import session_problem
 
     run_fn = module_function(config.module_file, "run_fn")
@@ -136,7 +141,15 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
         for epoch, metrics in sorted(history.items()):
             run.sink.log(epoch, metrics)
     steps = optimizer_steps(model_run.uri)
-    _record(model, model_run, {**final_eval_metrics(history), **({"steps": steps} if steps else {})}, {}, run, {},
+    metrics = {**final_eval_metrics(history), **({"steps": steps} if steps else {})}
+    try:
+        report = export_foreign(fn_args.serving_model_dir, model.uri, DEFAULT, split_pattern(raw_examples, TRAIN_SPLIT),
+                                split_pattern(raw_examples, EVAL_SPLIT), metrics, export)
+    except BaseException:
+        if run:
+            run.finish({}, failed=True)
+        raise
+    _record(model, model_run, metrics, dropped_variants(report), run, {},
             tuned=(fn_args.hyperparameters or {}).get("values", {}), hyperparameters=hyperparameters, tracking=tracking)
 
 

@@ -77,6 +77,25 @@ def test_the_mnist_module_is_transformed_trained_evaluated_and_pushed(mnist_run)
 
 
 @pytest.mark.slow
+def test_the_run_fn_model_s_tflite_variants_are_dropped_with_the_reason_in_the_export_report(mnist_run):
+    """The serving signature parses tf.Examples, which TFLite's builtin ops cannot: the configured
+    variants (float32, dynamic_range) are dropped, each naming ParseExampleV2, in the report the
+    Evaluator completes with its blessing; the run goes on, and nothing TFLite is pushed."""
+    import json
+
+    config, summary = mnist_run
+    from pipeline.run_metadata import node_outputs, open_store
+
+    _, outputs = node_outputs(open_store(config, read_only=True), summary.run_id, config.pipeline.name, "Evaluator")
+    report = json.loads(Path(outputs["ModelBlessing"].uri, "export_report.json").read_text())
+    assert [v["variant"] for v in report["tflite"]] == config.export.tflite_variants == ["float32", "dynamic_range"]
+    for variant in report["tflite"]:
+        assert variant["dropped"] and "ParseExampleV2" in variant["problems"][0], variant
+    assert report["blessing"]["blessed"] is True
+    assert not list(Path(summary.pushed_path).glob("*.tflite"))
+
+
+@pytest.mark.slow
 def test_the_served_mnist_model_answers_raw_examples_over_grpc_as_the_saved_model_does(mnist_run):
     import grpc
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
