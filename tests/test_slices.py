@@ -42,9 +42,9 @@ class _Oracle(tf.Module):
     evenly), the true body mass; on `scrambled` island's rows, 0.35 on the true species and 0.45
     on the next one (always wrong there)."""
 
-    def __init__(self, p: float, scrambled: str | None):
+    def __init__(self, p: float, scrambled: str | None, mass_scale: float = 1.0):
         super().__init__()
-        self.p, self.scrambled = p, scrambled
+        self.p, self.scrambled, self.mass_scale = p, scrambled, mass_scale
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
     def predict(self, inputs):
@@ -58,11 +58,11 @@ class _Oracle(tf.Module):
             wrong = tf.one_hot((index + 1) % 3, 3)
             bad = true * 0.35 + wrong * 0.45 + (1 - true - wrong) * 0.2
             scores = tf.where(tf.equal(parsed["island"], self.scrambled)[:, None], bad, scores)
-        return {"species_scores": scores, "body_mass_g_outputs": parsed["body_mass_g"][:, None]}
+        return {"species_scores": scores, "body_mass_g_outputs": parsed["body_mass_g"][:, None] * self.mass_scale}
 
 
-def _oracle_model(path, p: float = 0.6, scrambled: str | None = None) -> str:
-    module = _Oracle(p, scrambled)
+def _oracle_model(path, p: float = 0.6, scrambled: str | None = None, mass_scale: float = 1.0) -> str:
+    module = _Oracle(p, scrambled, mass_scale)
     tf.saved_model.save(module, str(path), signatures={"predict": module.predict})
     os.makedirs(os.path.join(path, "assets.extra"), exist_ok=True)
     with open(os.path.join(path, "assets.extra", "loopline_signature.json"), "w") as f:
@@ -74,6 +74,7 @@ def _oracle_model(path, p: float = 0.6, scrambled: str | None = None) -> str:
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("slices")
     return {"champion": _oracle_model(root / "champion"), "scrambled": _oracle_model(root / "scrambled", scrambled="Torgersen"),
+            "off": _oracle_model(root / "off", p=0.5, scrambled="Dream", mass_scale=0.9),
             "split": _split(root / "eval.gz"), "root": root}
 
 
@@ -144,3 +145,143 @@ def test_figures_per_slice_cross_bucket_and_missing_values(models):
     calibration = decision.slices_json()["calibration"]["species"]
     assert sum(b["examples"] for b in calibration) == 1000
     assert [b["examples"] for b in calibration if b["examples"]] == [40, 960]  # 0.45 and 0.6 top scores
+
+
+def test_thresholds_follow_tfmas_metric_threshold_semantics():
+    from trainer.slice_gates import gate
+
+    def report(candidate: float, champion: float | None, examples: int = 50):
+        return {"slices": [{"slice": "island=Dream", "features": {"island": "Dream"}, "_key": (("island", "Dream"),),
+                            "examples": examples, "candidate": {"species_accuracy": candidate},
+                            "champion": None if champion is None else {"species_accuracy": champion}}]}
+
+    def passed(threshold: dict, candidate: float, champion: float | None, examples: int = 50) -> list[bool]:
+        config = EvaluatorConfig(slice_guard=False, slice_thresholds=[SliceThreshold.model_validate(
+            {"slicing_specs": [{"feature_keys": ["island"]}], "metric": "species_accuracy", **threshold})])
+        return [g["passed"] for g in gate(report(candidate, champion, examples), config, champion is not None)]
+
+    assert passed({"value_threshold": {"lower_bound": 0.8}}, 0.8, None) == [True]
+    assert passed({"value_threshold": {"lower_bound": 0.8, "upper_bound": 0.9}}, 0.95, None) == [False]
+    higher = {"change_threshold": {"direction": "higher_is_better", "absolute": -0.05}}
+    assert passed(higher, 0.90, 0.94) == [True] and passed(higher, 0.88, 0.94) == [False]
+    assert passed(higher, 0.5, None) == []  # no champion: a change is not judged
+    assert passed(higher, 0.5, 0.9, examples=10) == []  # too small to judge
+    relative = {"change_threshold": {"direction": "lower_is_better", "relative": 0.1}}
+    assert passed(relative, 1.05, 1.0) == [True] and passed(relative, 1.2, 1.0) == [False]
+    assert passed(relative, 0.0, 0.0) == [False]  # TFMA: a relative change against 0 is NaN, and fails
+    spec_elsewhere = EvaluatorConfig(slice_thresholds=[SliceThreshold(
+        slicing_specs=[SlicingSpec(feature_keys=["sex"])], metric="species_accuracy", value_threshold={"lower_bound": 1})])
+    assert gate(report(0.1, None), spec_elsewhere, False) == []  # applies to the sex slices only
+    # Fail closed: a gated metric the candidate does not have refuses it.
+    unknown = EvaluatorConfig(slice_thresholds=[SliceThreshold(slicing_specs=[SlicingSpec(feature_keys=["island"])],
+                                                               metric="species_auc", value_threshold={"lower_bound": 0.5})])
+    [missing] = gate(report(0.9, None), unknown, False)
+    assert not missing["passed"] and "species_auc not computed for the candidate" in missing["text"]
+
+
+def test_slice_thresholds_refuse_in_the_blessing_and_the_tfma_result_reads_back(models, tmp_path):
+    import tensorflow_model_analysis as tfma
+
+    from components.evaluator import write_slices
+    from trainer.slicing import SLICES_JSON, TFMA_FOLDER
+
+    config = EvaluatorConfig(slicing_specs=[SlicingSpec(feature_keys=["island"])], slice_guard=False,
+                             slice_thresholds=[SliceThreshold(slicing_specs=[SlicingSpec(feature_keys=["island"])],
+                                                              metric="species_accuracy", value_threshold={"lower_bound": 0.5})])
+    decision = _decide(models, config)
+    assert decision.failed == ["slice island=Torgersen: species_accuracy 0 in [0.5, inf]"]
+    write_slices(str(tmp_path), decision, config, ["species", "body_mass_g"], models["scrambled"], models["split"])
+    written = json.loads((tmp_path / SLICES_JSON).read_text())
+    assert written == json.loads(json.dumps(decision.slices_json()))
+    assert [g["passed"] for g in written["gates"]] == [True, True, False]
+
+    result = tfma.load_eval_result(str(tmp_path / TFMA_FOLDER))
+    metrics = dict(result.slicing_metrics)
+    assert set(metrics) == {(), (("island", "Biscoe"),), (("island", "Dream"),), (("island", "Torgersen"),)}
+    torgersen = metrics[(("island", "Torgersen"),)]
+    assert torgersen["species"][""]["accuracy"]["doubleValue"] == 0.0
+    assert torgersen["species"][""]["accuracy_diff"]["doubleValue"] == -1.0  # candidate - baseline
+    assert torgersen[""][""]["example_count"]["doubleValue"] == 40
+    assert tfma.load_eval_result(str(tmp_path / TFMA_FOLDER), model_name="baseline").slicing_metrics
+    plots = dict(result.plots)
+    entries = plots[(("island", "Torgersen"),)]["species"][""]["multiClassConfusionMatrixAtThresholds"]["matrices"][0]["entries"]
+    assert sum(e.get("numWeightedExamples", 0) for e in entries) == 40
+    assert "calibrationHistogramBuckets" in plots[()]["species"][""]
+    assert [s.feature_keys for s in result.config.slicing_specs] == [[], ["island"]]
+    validation = tfma.load_validation_result(str(tmp_path / TFMA_FOLDER))
+    assert not validation.validation_ok
+    assert [k.column for v in validation.metric_validations_per_slice for k in v.slice_key.single_slice_keys] == ["island"]
+
+
+def test_per_slice_figures_match_tfmas_own_computation(models, tmp_path):
+    """TFMA as the oracle: its metrics, run by its own Beam pipeline (model-agnostic: the candidate's
+    predictions written into the examples), on the same examples and slices."""
+    import tensorflow_model_analysis as tfma
+    from google.protobuf import text_format
+    from tensorflow_model_analysis.proto import config_pb2
+
+    config = EvaluatorConfig(slicing_specs=[SlicingSpec(feature_keys=["island"]), SlicingSpec(feature_keys=["island", "sex"]),
+                                            SlicingSpec(feature_keys=["year"])], batch_size=256)
+    ours = {s["slice"]: s for s in _decide(models, config, "off").slices_json()["slices"]}
+    data = str(tmp_path / "predicted.tfrecord")
+    predict = tf.saved_model.load(models["off"]).signatures["predict"]
+    with tf.io.TFRecordWriter(data) as writer:
+        for batch in tf.data.TFRecordDataset(models["split"], "GZIP").batch(500):
+            out = predict(inputs=batch)
+            for record, scores, mass in zip(batch.numpy(), out["species_scores"].numpy(), out["body_mass_g_outputs"].numpy()):
+                e = tf.train.Example.FromString(record)
+                label = SPECIES.index(e.features.feature["species"].bytes_list.value[0].decode())
+                e.features.feature["species_label"].int64_list.value.append(label)
+                e.features.feature["species_pred"].float_list.value.extend(scores.tolist())
+                e.features.feature["mass_pred"].float_list.value.extend(mass.tolist())
+                writer.write(e.SerializeToString())
+    eval_config = text_format.Parse("""
+        model_specs { label_keys { key: "species" value: "species_label" } label_keys { key: "mass" value: "body_mass_g" }
+                      prediction_keys { key: "species" value: "species_pred" } prediction_keys { key: "mass" value: "mass_pred" } }
+        slicing_specs {} slicing_specs { feature_keys: "island" } slicing_specs { feature_keys: ["island", "sex"] }
+        slicing_specs { feature_keys: "year" }
+        metrics_specs { output_names: "species" metrics { class_name: "ExampleCount" }
+                        metrics { class_name: "MultiClassConfusionMatrixPlot" } }
+        metrics_specs { output_names: "mass" metrics { class_name: "MeanAbsoluteError" } metrics { class_name: "MeanSquaredError" } }
+        """, config_pb2.EvalConfig())
+    result = tfma.run_model_analysis(eval_config=eval_config, data_location=data, output_path=str(tmp_path / "tfma"))
+
+    def name(key) -> str:
+        return ",".join(f"{c}={v.decode() if isinstance(v, bytes) else v}" for c, v in key) or "Overall"
+
+    theirs = {name(k): m for k, m in result.slicing_metrics}
+    assert set(theirs) == set(ours) and len(ours) == 1 + 3 + 6 + 3
+    for slice_, metrics in theirs.items():
+        figures = ours[slice_]["candidate"]
+        assert ours[slice_]["examples"] == metrics["species"][""]["example_count"]["doubleValue"], slice_
+        mass = metrics["mass"][""]
+        assert figures["body_mass_g_mae"] == pytest.approx(mass["mean_absolute_error"]["doubleValue"], rel=1e-6), slice_
+        assert figures["body_mass_g_rmse"] ** 2 == pytest.approx(mass["mean_squared_error"]["doubleValue"], rel=1e-6), slice_
+    for key, plots in result.plots:
+        matrix = np.zeros((3, 3), int)
+        for entry in plots["species"][""]["multiClassConfusionMatrixAtThresholds"]["matrices"][0]["entries"]:
+            matrix[entry.get("actualClassId", 0), entry.get("predictedClassId", 0)] += entry.get("numWeightedExamples", 0)
+        assert ours[name(key)]["confusion"]["species"]["matrix"] == matrix.tolist(), name(key)
+        assert ours[name(key)]["candidate"]["species_accuracy"] == pytest.approx(np.trace(matrix) / matrix.sum(), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_the_pipelines_evaluator_writes_slices_and_tfmas_result(pipeline_run):
+    import glob
+
+    import tensorflow_model_analysis as tfma
+
+    from trainer.slicing import SLICES_JSON, TFMA_FOLDER
+
+    config, summary = pipeline_run
+    [folder] = [os.path.dirname(p) for p in glob.glob(os.path.join(config.pipeline.root, "tfx", "Evaluator", "blessing", "*", "BLESSED"))]
+    written = json.load(open(os.path.join(folder, SLICES_JSON)))
+    overall = written["slices"][0]
+    blessing = json.load(open(os.path.join(folder, "blessing.json")))
+    assert overall["slice"] == "Overall" and overall["champion"] is None  # the first model
+    assert overall["candidate"]["species_accuracy"] == pytest.approx(blessing["candidate"]["species_accuracy"], rel=1e-6)
+    assert overall["examples"] == blessing["candidate"]["species_examples"]
+    assert written["calibration"]["species"] and written["gates"] == []
+    result = tfma.load_eval_result(os.path.join(folder, TFMA_FOLDER))
+    [(key, metrics)] = result.slicing_metrics
+    assert key == () and metrics["species"][""]["accuracy"]["doubleValue"] == pytest.approx(overall["candidate"]["species_accuracy"])
