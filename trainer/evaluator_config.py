@@ -38,8 +38,8 @@ class SlicingSpec(Section):
 class ValueThreshold(Section):
     """TFMA's GenericValueThreshold: the metric must lie in [lower_bound, upper_bound]."""
 
-    lower_bound: float | None = None
-    upper_bound: float | None = None
+    lower_bound: float | None = Field(None, description="The metric must be at least this; null: no lower bound.")
+    upper_bound: float | None = Field(None, description="The metric must be at most this; null: no upper bound.")
 
 
 class ChangeThreshold(Section):
@@ -47,9 +47,10 @@ class ChangeThreshold(Section):
     diff >= absolute and diff / champion >= relative; lower_is_better when diff <= absolute and
     diff / champion <= relative (a champion of 0 fails the relative bound, as in TFMA)."""
 
-    direction: Literal["higher_is_better", "lower_is_better"]
-    absolute: float | None = None
-    relative: float | None = None
+    direction: Literal["higher_is_better", "lower_is_better"] = Field(description="Which way the metric improves.")
+    absolute: float | None = Field(None, description="Bound on candidate - champion (e.g. -0.05 with higher_is_better: "
+                                   "at most 0.05 worse); null: none.")
+    relative: float | None = Field(None, description="Bound on (candidate - champion) / champion; null: none.")
 
 
 class SliceThreshold(Section):
@@ -58,8 +59,9 @@ class SliceThreshold(Section):
     slicing_specs: list[SlicingSpec] = Field(default_factory=lambda: [SlicingSpec()],
                                              description="The slices it applies to; [{}] is the overall slice.")
     metric: str = Field(description="A per-slice metric name, e.g. species_accuracy, body_mass_g_mae, loss.")
-    value_threshold: ValueThreshold | None = None
-    change_threshold: ChangeThreshold | None = None
+    value_threshold: ValueThreshold | None = Field(None, description="Absolute bounds on the slice's metric.")
+    change_threshold: ChangeThreshold | None = Field(None, description="Bounds on its change against the champion's "
+                                                     "on the same slice (not judged when there is no champion).")
 
 
 class EvaluatorConfig(Section):
