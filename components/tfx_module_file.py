@@ -10,6 +10,7 @@ which defers TensorFlow Model Analysis: pipeline/deferred_imports.py) is left No
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from typing import Callable
@@ -98,3 +99,39 @@ def module_function(module_file: str, name: str, *, required: bool = True) -> Ca
         return None
     except (ImportError, OSError, SyntaxError) as exc:
         raise ModuleFileError(f"{module_file}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+
+
+@contextlib.contextmanager
+def keras_tuner_on_module_keras():
+    """KerasTuner bound to the Keras a TFX module builds its models with, for the `with` block.
+
+    tensorflow_transform sets TF_USE_LEGACY_KERAS, so a module's `from tensorflow import keras` is
+    Keras 2 (tf_keras), while KerasTuner binds itself to the `keras` package (Keras 3 here) when it
+    is imported, and refuses a Keras 2 model ("a valid Keras Model instance") and its fit's History.
+    Its engine reads Keras through one module, `keras_tuner.src.backend.keras`: with Keras 2 in
+    `tensorflow.keras`, that module's names are Keras 2's in the block (as KerasTuner sets them
+    when `keras` is Keras 2), and are put back after; `tuner_utils`, whose callbacks subclass
+    Keras' Callback when it is imported, is imported again on each change."""
+    import importlib
+
+    import tensorflow as tf
+    from keras_tuner.src.backend import config, keras as backend_keras
+    from keras_tuner.src.engine import tuner_utils
+
+    module_keras = tf.keras
+    version = getattr(module_keras, "version", None)  # Keras 3's; KerasTuner's own test of which Keras it has
+    if version is not None and version().startswith("3."):
+        yield  # the module's Keras is KerasTuner's already
+        return
+    saved, saved_multi = dict(vars(backend_keras)), config._MULTI_BACKEND
+    try:
+        vars(backend_keras).update({name: getattr(module_keras, name) for name in dir(module_keras)
+                                    if not name.startswith("_")})
+        config._MULTI_BACKEND = False
+        importlib.reload(tuner_utils)
+        yield
+    finally:
+        vars(backend_keras).clear()
+        vars(backend_keras).update(saved)
+        config._MULTI_BACKEND = saved_multi
+        importlib.reload(tuner_utils)

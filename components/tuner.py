@@ -67,18 +67,19 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
     """TFX's Tuner contract: tuner_fn(fn_args) -> TunerFnResult; tuner.max_trials overrides the
     tuner_fn's own, tuner.time_budget_seconds bounds the search."""
     from components.tfx_fn_args import common_fn_args
-    from components.tfx_module_file import module_function
+    from components.tfx_module_file import keras_tuner_on_module_keras, module_function
     from trainer.tuning import TrialClock
 
     tuner_fn = module_function(tuner.module_file, "tuner_fn")
-    result = tuner_fn(common_fn_args(examples, schema, transform_graph, config, working_dir=work_dir))
-    searcher = result.tuner
-    if tuner.max_trials:
-        searcher.oracle.max_trials = tuner.max_trials
-    clock = TrialClock(searcher, tuner.time_budget_seconds)
-    logging.getLogger("loopline").info("tuner: %s's tuner_fn: up to %s trials", os.path.basename(tuner.module_file),
-                                       searcher.oracle.max_trials)
-    searcher.search(**result.fit_kwargs)
+    with keras_tuner_on_module_keras():
+        result = tuner_fn(common_fn_args(examples, schema, transform_graph, config, working_dir=work_dir))
+        searcher = result.tuner
+        if tuner.max_trials:
+            searcher.oracle.max_trials = tuner.max_trials
+        clock = TrialClock(searcher, tuner.time_budget_seconds)
+        logging.getLogger("loopline").info("tuner: %s's tuner_fn: up to %s trials",
+                                           os.path.basename(tuner.module_file), searcher.oracle.max_trials)
+        searcher.search(**result.fit_kwargs)
     return searcher, clock
 
 

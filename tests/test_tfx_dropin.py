@@ -1,7 +1,8 @@
 """TFX's penguin example (tests/data/tfx_penguin/, unchanged) through loopline with config keys
 only: its preprocessing_fn in loopline's Transform step, its run_fn as the Trainer, then loopline's
 Evaluator (TFMA-style label_key and signature), push, baseline and `loopline serve`; one real
-`loopline run` (a child process: the command's deferred imports included) shared by the tests."""
+`loopline run` (a child process: the command's deferred imports included) shared by the tests; its
+tuner_fn runs in a Tuner step (two trials) whose best hyperparameters the run_fn trains with."""
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from tests.conftest import REPO, make_config
 
 PENGUIN = REPO / "tests" / "data" / "tfx_penguin"
 MODULE_FILE = PENGUIN / "penguin_utils_keras.py"
+TUNER_TRIALS = 2
 FEATURES = ["culmen_length_mm", "culmen_depth_mm", "flipper_length_mm", "body_mass_g"]
 
 
@@ -29,7 +31,8 @@ def penguin_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tfx_penguin")
     overrides = [f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
                  f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
-                 "trainer.train_steps=100", "trainer.eval_steps=5"]
+                 "trainer.train_steps=100", "trainer.eval_steps=5", f"tuner.module_file={MODULE_FILE}",
+                 f"tuner.max_trials={TUNER_TRIALS}"]
     config = make_config(root, *overrides)
     command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
                *[arg for key in [f"pipeline.root={root}", "trainer.epochs=3", *overrides] for arg in ("--set", key)]]
@@ -164,7 +167,7 @@ def test_the_fit_in_run_fn_is_tracked_in_mlflow(penguin_run):
     assert "Registrar" not in summary.executions
     client = MlflowClient(f"sqlite:///{config.pipeline.root}/mlflow/mlflow.db")
     experiment = client.get_experiment_by_name(config.mlflow.experiment)
-    (run,) = client.search_runs([experiment.experiment_id])
+    (run,) = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
     assert run.info.status == "FINISHED"
     assert set(run.data.metrics) >= {"loss", "sparse_categorical_accuracy", "val_loss", "val_sparse_categorical_accuracy"}
     assert run.data.metrics["val_loss"] == pytest.approx(summary.metrics["loss"], abs=1e-6)  # the summary rounds
@@ -172,6 +175,42 @@ def test_the_fit_in_run_fn_is_tracked_in_mlflow(penguin_run):
     assert 0 < run.data.metrics["loss"] < 1.1  # cross-entropy of 3 classes after 100 steps: below chance's 1.1
     logged = [a.path for a in client.list_artifacts(run.info.run_id, "trainer")]
     assert {"trainer/train", "trainer/validation"} <= set(logged)
+
+
+@pytest.mark.slow
+def test_the_tuner_fn_searched_and_the_run_fn_trained_with_the_best(penguin_run):
+    """TFX's Tuner contract: tuner_fn's KerasTuner searched tuner.max_trials trials (its own
+    max_trials is 6); best_hyperparameters.txt is HyperParameters.get_config() as TFX's Tuner
+    writes it; the Trainer's run_fn got it (its values are the Trainer run's tuned.* parameters);
+    each trial is an MLflow run nested under the search's, itself under the Trainer's."""
+    import json
+
+    import keras_tuner
+    from mlflow.tracking import MlflowClient
+
+    config, summary = penguin_run
+    assert summary.executions["Tuner"] == "COMPLETE"
+    outputs = outputs_of(config, summary, "Tuner")
+    text = tf.io.gfile.GFile(f"{outputs['HyperParameters'].uri}/best_hyperparameters.txt").read()
+    best = keras_tuner.HyperParameters.from_config(json.loads(text))
+    assert best.values["learning_rate"] in (1e-2, 1e-3) and 1 <= best.values["num_layers"] <= 3
+    results = json.loads(tf.io.gfile.GFile(f"{outputs['TunerResults'].uri}/tuner_results.json").read())
+    assert len(results) == TUNER_TRIALS and results[0]["learning_rate"] == best.values["learning_rate"]
+    assert not tf.io.gfile.exists(f"{outputs['TunerResults'].uri}/work")  # KerasTuner's files are gone
+
+    client = MlflowClient(f"sqlite:///{config.pipeline.root}/mlflow/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name(config.mlflow.experiment).experiment_id])
+    by_name = {r.info.run_name: r for r in runs}
+    trainer = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    search = by_name["tuner"]
+    assert search.data.tags["mlflow.parentRunId"] == trainer.info.run_id
+    assert trainer.data.params["tuned.learning_rate"] == str(best.values["learning_rate"])
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == search.info.run_id]
+    assert len(trials) == TUNER_TRIALS
+    for trial in trials:
+        assert set(trial.data.params) == {"learning_rate", "num_layers"}
+        assert 0 <= trial.data.metrics["val_sparse_categorical_accuracy"] <= 1
+        assert trial.data.metrics["trial_seconds"] > 0
 
 
 @pytest.mark.slow
