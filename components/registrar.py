@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from tfx import types
@@ -37,6 +38,8 @@ class RegistrarSpec(ComponentSpec):
         "examples": ChannelParameter(type=standard_artifacts.Examples, optional=True),
         "statistics": ChannelParameter(type=standard_artifacts.ExampleStatistics, optional=True),
         "schema": ChannelParameter(type=standard_artifacts.Schema, optional=True),
+        # The data check the run passed (its baseline), for the pushed version's model card.
+        "anomalies": ChannelParameter(type=standard_artifacts.ExampleAnomalies, optional=True),
     }
     OUTPUTS = {}
 
@@ -137,6 +140,9 @@ class RegistrarExecutor(base_executor.BaseExecutor):
         ))
         logging.getLogger("loopline").info(
             "MLflow run %s; model %s; registered version %s", result.run_id, result.model_uri, result.version)
+        if pushed_version:
+            _publish_card(input_dict, exec_properties, self._pipeline_run_id(exec_properties), pushed_version,
+                          result)
 
 
     def _pipeline_run_id(self, exec_properties: dict[str, Any]) -> str:
@@ -148,6 +154,60 @@ class RegistrarExecutor(base_executor.BaseExecutor):
         return run_id
 
 
+def _publish_card(input_dict, exec_properties: dict[str, Any], pipeline_run_id: str, version: str, result) -> None:
+    """The pushed version's per-slice metrics into its MLflow run, and its model card into the
+    version folder (assets.extra/model_card) and the run's `model_card/` artifacts. A card that
+    cannot be made is a warning: the version is pushed and registered already."""
+    import tempfile
+
+    from tracking.lineage import LineageInputs, build_lineage
+    from tracking.model_card import card_content, card_folder, log_card, read_json, slices_file, training_curves, \
+        write_card
+    from tracking.remote_files import copy_tree
+    from tracking.slice_metrics import log_slice_metrics
+    from tracking.system_info import current_commit
+    from tracking.target import TrackingTarget, make_client
+
+    log = logging.getLogger("loopline")
+
+    def mlmd(key):
+        found = _one(input_dict, key)
+        return found.mlmd_artifact if found is not None else None
+
+    params = json.loads(exec_properties["params"])
+    target = TrackingTarget.from_json(exec_properties["tracking"])
+    model, pushed, blessing = _one(input_dict, "model"), _one(input_dict, "pushed_model"), _one(input_dict, "blessing")
+    destination = pushed.get_string_custom_property("pushed_destination")
+    try:
+        client = make_client(target)
+        slices = read_json(os.path.join(blessing.uri, slices_file())) if blessing is not None else None
+        if slices:
+            log.info("MLflow: %d per-slice metrics logged", log_slice_metrics(client, result.run_id, slices))
+        trained_run = model.get_string_custom_property("mlflow_run_id") or None
+        lineage = build_lineage(LineageInputs(
+            model_name=os.path.basename(os.path.dirname(destination.rstrip("/"))),
+            version=version, pushed=pushed.mlmd_artifact, model=model.mlmd_artifact, examples=mlmd("examples"),
+            statistics=mlmd("statistics"), schema=mlmd("schema"), anomalies=mlmd("anomalies"),
+            blessing=mlmd("blessing"), model_run=mlmd("model_run"), data_patterns=_data_patterns(params),
+            params=params, pipeline_name=exec_properties["pipeline_name"], pipeline_run_id=pipeline_run_id,
+            mlflow={"tracking_uri": target.tracking_uri, "run_id": result.run_id, "trained_run_id": trained_run,
+                    "registered_model": exec_properties["registered_model"], "registered_version": result.version},
+            git_commit=current_commit()))
+        content = card_content(lineage, training_curves(client, trained_run or result.run_id))
+        with tempfile.TemporaryDirectory(prefix="loopline-card-") as local:
+            write_card(content, local)
+            copy_tree(local, card_folder(destination))
+            log_card(client, result.run_id, local)
+        log.info("model card of version %s: %s", version, card_folder(destination))
+    except Exception:  # noqa: BLE001 - the push and the registration stand without a card
+        log.warning("no model card for version %s", version, exc_info=True)
+
+
+def _data_patterns(params: dict[str, str]) -> list[str]:
+    """The data files the run read, as the config names them (data.path, data.eval_path)."""
+    return [p for p in (params.get("data.path"), params.get("data.eval_path")) if p and p != "None"]
+
+
 class Registrar(base_component.BaseComponent):
     """Logs the model to MLflow and registers it (only blessed ones when `blessing` is given)."""
 
@@ -156,10 +216,11 @@ class Registrar(base_component.BaseComponent):
 
     def __init__(self, model, tracking: str, registered_model: str, params: str, pipeline_name: str,
                  model_run=None, blessing=None, pushed_model=None,
-                 examples=None, statistics=None, schema=None, pipeline_run_id: str | None = None):
+                 examples=None, statistics=None, schema=None, pipeline_run_id: str | None = None,
+                 anomalies=None):
         super().__init__(RegistrarSpec(
             model=model, model_run=model_run, blessing=blessing, pushed_model=pushed_model,
-            examples=examples, statistics=statistics, schema=schema, tracking=tracking,
+            examples=examples, statistics=statistics, schema=schema, anomalies=anomalies, tracking=tracking,
             registered_model=registered_model, params=params, pipeline_name=pipeline_name,
             pipeline_run_id=pipeline_run_id,
         ))

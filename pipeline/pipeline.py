@@ -349,6 +349,7 @@ def _registrar(config: LooplineConfig, target, example_gen, statistics_gen, sche
         examples=example_gen.outputs["examples"],
         statistics=statistics_gen.outputs["statistics"],
         schema=schema_gen.outputs["schema"],
+        anomalies=evaluator.inputs["anomalies"],  # the data check (and baseline) the model card names
         tracking=target.to_json(),
         registered_model=registered_model_name(config),
         params=json.dumps({k: str(v) for k, v in config.flat().items()}, sort_keys=True),
