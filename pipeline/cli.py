@@ -305,6 +305,49 @@ def cmd_infer(args) -> int:
     return 0
 
 
+def _version_arg(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"version {text!r}: expected a serving version number")
+    return int(text)
+
+
+def cmd_card(args) -> int:
+    """A pushed version's model card (HTML, Markdown, PNGs), written again from its records."""
+    config = _config(args)
+    import_tensorflow_quietly()  # a command without a log
+    from pipeline.lineage import LineageError, choose_version, write_version_card
+
+    try:
+        version = choose_version(config, args.model, _version_arg(args.version))
+        page = write_version_card(config, args.model, version, args.out)
+    except LineageError as exc:
+        print(f"loopline: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"model card of {args.model} version {version}: {page}")
+    return 0
+
+
+def cmd_lineage(args) -> int:
+    """Where a pushed version came from, from ML Metadata and MLflow."""
+    import json
+
+    config = _config(args)
+    import_tensorflow_quietly()  # a command without a log
+    from pipeline.lineage import LineageError, choose_version, version_lineage
+    from tracking.lineage import lineage_lines
+
+    try:
+        version = choose_version(config, args.model, _version_arg(args.version))
+        lineage, _ = version_lineage(config, args.model, version)
+    except LineageError as exc:
+        print(f"loopline: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(lineage, indent=2, default=str) if args.json else "\n".join(lineage_lines(lineage)))
+    return 0
+
+
 def _registry(config):
     from pipeline.tracking_setup import tracking_target
     from tracking.target import make_client
@@ -484,6 +527,18 @@ def _registry_commands(sub) -> None:
     _common(models)
     models.add_argument("--model", default=None, help="registered model (default: mlflow.registered_model or serving.model_name)")
     models.set_defaults(func=cmd_models)
+    card = sub.add_parser("card", help="write a pushed version's model card (HTML, Markdown, PNG pictures)")
+    _common(card)
+    card.add_argument("model", help="the served model's name (serving.model_name)")
+    card.add_argument("version", nargs="?", default=None, help="serving version (default: the newest pushed)")
+    card.add_argument("--out", default=None, help="output folder (default: the version's assets.extra/model_card)")
+    card.set_defaults(func=cmd_card)
+    lineage = sub.add_parser("lineage", help="where a pushed version came from: data, config, commit, MLflow run")
+    _common(lineage)
+    lineage.add_argument("model", help="the served model's name (serving.model_name)")
+    lineage.add_argument("version", help="serving version")
+    lineage.add_argument("--json", action="store_true", help="print JSON instead of text")
+    lineage.set_defaults(func=cmd_lineage)
 
 
 class _DropMessages(logging.Filter):
