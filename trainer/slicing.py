@@ -87,8 +87,8 @@ class BatchSlices:
 
 class Slicer:
     """Each row's slices for a list of SlicingSpecs (the overall slice always first). A row missing a
-    spec's feature is in none of that spec's slices (as in TFMA); of a feature with several values,
-    the first is read."""
+    spec's feature (or holding NaN) is in none of that spec's slices (as in TFMA); of a feature with
+    several values, the first is read."""
 
     def __init__(self, specs: list, kinds: dict[str, str]):
         self.specs = list(specs)
@@ -123,6 +123,8 @@ class Slicer:
             present[indices[first, 0]] = True
             column_values = np.zeros(rows, values.dtype) if values.dtype != object else np.full(rows, b"", object)
             column_values[indices[first, 0]] = values[first]
+            if column_values.dtype.kind == "f":  # NaN is a missing number (CSV's empty cell read as float)
+                present &= ~np.isnan(column_values)
             out[column] = (column_values, present)
         return out
 
