@@ -22,7 +22,7 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
         slices.append({"slice": slice_name(key), "features": dict(key), "examples": examples,
                        "candidate": candidate.metrics(key),
                        "champion": champion.metrics(key) if champion is not None and key in champion.sums else None,
-                       "confusion": candidate.confusion(key), "gated": bool(key) and examples >= config.min_slice_size,
+                       "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
                        "_key": key})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
