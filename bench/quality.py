@@ -22,6 +22,8 @@ class priors of the train CSV, or its label mean, scored on the eval CSV). Targe
 behind the best baseline by more than max(1 accuracy point, one eval example), or 5% RMSE.
 
 `QUALITY_TABLES=wine,diabetes` and `QUALITY_SEEDS=2` pick fewer; `BENCH_LABEL` names the run.
+`QUALITY_TUNER=1` turns the Tuner step on (TUNER_OVERRIDES: loopline's search over the generic
+model's keys, QUALITY_TUNER_TRIALS trials, default 8); each run then records the search's seconds.
 `markdown(runs)` writes the table docs/model-quality.md shows (tests compare the two).
 """
 from __future__ import annotations
@@ -44,6 +46,18 @@ SPLIT_SEED = 0
 EVAL_FRACTION = 0.3
 ACCURACY_SLACK = 0.01  # one accuracy point...
 RMSE_SLACK = 0.05  # ...or 5% of the best baseline's RMSE
+# The search QUALITY_TUNER=1 runs: the generic model's width, depth, penalty and dropout, the rate and batch.
+SEARCH_SPACE = ("{learning_rate: {min: 0.001, max: 0.03, sampling: log}, batch_size: {values: [16, 32, 64]}, "
+                "hparams.units: {values: [32, 64, 128]}, hparams.layers: {min: 1, max: 3}, "
+                "hparams.l2: {min: 0.00001, max: 0.01, sampling: log}, hparams.dropout: {values: [0.0, 0.1, 0.3]}}")
+
+
+def tuner_overrides() -> list[str]:
+    """The Tuner's keys when QUALITY_TUNER is set, else none."""
+    if os.environ.get("QUALITY_TUNER", "") in ("", "0"):
+        return []
+    return ["tuner.enabled=true", f"tuner.search_space={SEARCH_SPACE}",
+            f"tuner.max_trials={int(os.environ.get('QUALITY_TUNER_TRIALS', '8'))}"]
 
 
 @dataclass
@@ -249,7 +263,7 @@ def _loopline_run(table: Table, seed: int, root: Path) -> dict:
 
     overrides = [f"pipeline.root={root}", f"data.path={table.train}", f"data.eval_path={table.eval}",
                  f"data.label={table.label}", "trainer.module_file=null", f"trainer.seed={seed}",
-                 "mlflow.enabled=false", *table.overrides]
+                 "mlflow.enabled=false", *table.overrides, *tuner_overrides()]
     config = load_config(REPO / "loopline.yaml", overrides)
     started = time.perf_counter()
     summary = run_local(config)
@@ -270,6 +284,7 @@ def _loopline_run(table: Table, seed: int, root: Path) -> dict:
         "blessed": summary.blessed,
         "blessing_reasons": summary.blessing_reasons,
         "seconds": round(seconds, 1),
+        **({"tuner_seconds": round(summary.seconds.get("Tuner", 0.0), 1)} if config.tuner.on else {}),
     }
 
 
@@ -321,7 +336,7 @@ def run() -> dict:
         results = {t.name: measure_table(t, seeds, work) for t in tables}
     met = [name for name, r in results.items() if r.get("gap", {}).get("met")]
     gaps = [r["gap"]["relative_advantage"] for r in results.values() if "gap" in r]
-    return {"seeds": seeds, "tables": results,
+    return {"seeds": seeds, "tables": results, "tuner": tuner_overrides(),
             "tables_within_target": len(met), "tables_measured": len(results),
             "tables_failed": sorted(name for name, r in results.items() if "gap" not in r),
             "mean_relative_advantage_over_best_baseline": round(sum(gaps) / len(gaps), 4) if gaps else None}
