@@ -224,6 +224,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, .hash { font-family: monospace; font-size: 0.85em; word-break: break-all; }
 .verdict { display: inline-block; padding: 0.2em 0.6em; border-radius: 4px; font-weight: bold; }
 small.champion { color: #666; }
+.wide { overflow-x: auto; } #slices-table { font-size: 0.8em; }
 .blessed { background: #d8f5d8; } .refused { background: #f8d8d8; } .failed { color: #a00; }
 </style>
 </head>
@@ -267,6 +268,7 @@ small.champion { color: #666; }
 <h2 id="slices">Slices</h2>
 {% if slices %}
 <p>Minimum slice size for gating: {{ slices.min_slice_size }}.</p>
+<div class="wide">
 <table id="slices-table">
 <tr><th>slice</th><th>examples</th><th>gated</th>
 {% for n in metric_names %}<th>{{ n }}</th>{% endfor %}</tr>
@@ -277,6 +279,7 @@ small.champion { color: #666; }
 {% endfor %}</tr>
 {% endfor %}
 </table>
+</div>
 {% for s in slices.slices if s.slice == 'Overall' %}
 {% for head, c in (s.confusion or {}).items() %}
 <table class="confusion">
