@@ -237,7 +237,7 @@ def search(config: TrainerConfig, tuner: TunerConfig, train_pattern: str, label:
     searcher = _trial_tuner_class()(make_oracle(tuner, objective), trial, directory=work_dir,
                                     project_name="search", overwrite=True)
     clock = TrialClock(searcher, tuner.time_budget_seconds)
-    searcher.search()
+    searcher.search(verbose=0)  # KerasTuner's table on stdout; each trial has a log line here
     return searcher, clock
 
 
