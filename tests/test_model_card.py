@@ -230,3 +230,25 @@ def test_the_card_renders_in_a_headless_browser(pipeline_run, tmp_path):
     subprocess.run([*flags, f"--screenshot={tmp_path / 'shot.png'}", (folder / "model_card.html").as_uri()],
                    capture_output=True, timeout=120, check=True)
     assert _png_size((tmp_path / "shot.png").read_bytes()) == (1200, 1800)
+
+
+def test_the_card_and_the_data_hashes_go_through_tf_io_gfile(tmp_path):
+    import uuid
+
+    import tensorflow as tf
+
+    import tests.ram_filesystem  # noqa: F401  (TensorFlow's ram:// as an object store behaves)
+    from tracking.lineage import data_files
+    from tracking.model_card import card_content, card_folder, write_card
+
+    root = f"ram://card-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(f"{root}/data/penguins.csv", "wb") as f:
+        f.write(b"a,b\n1,2\n")
+    found = data_files([f"{root}/data/*.csv"])
+    assert found["files"][0]["sha256"] == hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    _write_blessing(tmp_path / "blessing", _slices())
+    page = write_card(card_content(_lineage(tmp_path / "blessing")), card_folder(f"{root}/serving/m/7"))
+    assert page == f"{root}/serving/m/7/assets.extra/model_card/model_card.html"
+    with tf.io.gfile.GFile(page) as f:
+        assert "island=Biscoe" in f.read()
+    assert tf.io.gfile.exists(f"{root}/serving/m/7/assets.extra/model_card/calibration.png")
