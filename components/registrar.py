@@ -161,8 +161,7 @@ def _publish_card(input_dict, exec_properties: dict[str, Any], pipeline_run_id: 
     import tempfile
 
     from tracking.lineage import LineageInputs, build_lineage
-    from tracking.model_card import card_content, card_folder, log_card, read_json, slices_file, training_curves, \
-        write_card
+    from tracking.model_card import card_content, card_folder, curves_of, log_card, read_json, slices_file, write_card
     from tracking.remote_files import copy_tree
     from tracking.slice_metrics import log_slice_metrics
     from tracking.system_info import current_commit
@@ -193,7 +192,9 @@ def _publish_card(input_dict, exec_properties: dict[str, Any], pipeline_run_id: 
             mlflow={"tracking_uri": target.tracking_uri, "run_id": result.run_id, "trained_run_id": trained_run,
                     "registered_model": exec_properties["registered_model"], "registered_version": result.version},
             git_commit=current_commit()))
-        content = card_content(lineage, training_curves(client, trained_run or result.run_id))
+        model_run = _one(input_dict, "model_run")
+        content = card_content(lineage, curves_of(client, trained_run or result.run_id,
+                                                  model_run.uri if model_run is not None else None))
         with tempfile.TemporaryDirectory(prefix="loopline-card-") as local:
             write_card(content, local)
             copy_tree(local, card_folder(destination))

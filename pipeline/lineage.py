@@ -182,10 +182,11 @@ def version_lineage(config: LooplineConfig, model: str, version: int) -> tuple[d
 
 def write_version_card(config: LooplineConfig, model: str, version: int, out: str | None) -> str:
     """Writes `version`'s card into `out` (default: its place in the version folder); returns the page."""
-    from tracking.model_card import card_content, card_folder, training_curves, write_card
+    from tracking.model_card import card_content, card_folder, curves_of, write_card
 
     lineage, client = version_lineage(config, model, version)
     mlflow = lineage["mlflow"] or {}
-    curves = training_curves(client, mlflow.get("trained_run_id") or mlflow.get("run_id"))
+    curves = curves_of(client, mlflow.get("trained_run_id") or mlflow.get("run_id"),
+                       (lineage.get("trainer_run") or {}).get("uri"))
     folder = out or card_folder(lineage["pushed"]["path"])
     return write_card(card_content(lineage, curves), folder)

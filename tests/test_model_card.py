@@ -252,3 +252,16 @@ def test_the_card_and_the_data_hashes_go_through_tf_io_gfile(tmp_path):
     with tf.io.gfile.GFile(page) as f:
         assert "island=Biscoe" in f.read()
     assert tf.io.gfile.exists(f"{root}/serving/m/7/assets.extra/model_card/calibration.png")
+
+
+def test_without_mlflow_the_curves_come_from_the_trainers_tensorboard_files(pipeline_run):
+    from tracking.model_card import tensorboard_curves, training_curves
+
+    config, summary = pipeline_run
+    lineage = json.loads((_card(summary) / "model_card.json").read_text())["lineage"]
+    from_files = tensorboard_curves(lineage["trainer_run"]["uri"])
+    from_mlflow = training_curves(_client(config), lineage["mlflow"]["trained_run_id"])
+    assert {"train/loss", "eval/loss"} <= set(from_files)
+    for name in ("train/loss", "eval/loss"):
+        assert [step for step, _ in from_files[name]] == [step for step, _ in from_mlflow[name]]
+        assert [v for _, v in from_files[name]] == pytest.approx([v for _, v in from_mlflow[name]], rel=1e-5)

@@ -156,7 +156,7 @@ def markdown(view: dict) -> str:
                            g.get("passed")] for g in slices.get("gates", [])])
     images = view["images"]
     out += ["## Training curves", "", f"![training curves]({images['curves']})" if images["curves"]
-            else "No training curves (no MLflow metric history).", "", "## Calibration", "",
+            else "No training curves (no MLflow metric history, no TensorBoard files).", "", "## Calibration", "",
             f"![calibration]({images['calibration']})" if images["calibration"] else "No calibration computed.", ""]
     out += ["## TFLite variants and parity", ""]
     out += _md_table(["variant", "bytes", "max abs diff", "metric delta", "latency ms", "parity"],
@@ -306,7 +306,7 @@ small.champion { color: #666; }
 
 <h2 id="training-curves">Training curves</h2>
 {% if images.curves %}<img src="{{ images.curves }}" alt="training curves">
-{% else %}<p>No training curves (no MLflow metric history).</p>{% endif %}
+{% else %}<p>No training curves (no MLflow metric history, no TensorBoard files).</p>{% endif %}
 
 <h2 id="calibration">Calibration</h2>
 {% if images.calibration %}<img src="{{ images.calibration }}" alt="calibration plot">

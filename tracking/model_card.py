@@ -14,6 +14,7 @@ import json
 import os
 
 import tensorflow as tf
+from tensorflow.core.util import event_pb2
 
 from serving.signature_names import ASSETS_EXTRA
 
@@ -54,6 +55,28 @@ def training_curves(client, run_id: str | None) -> dict[str, list[list[float]]]:
         if len(history) > 1:  # one point is no curve
             curves[name] = [[m.step, m.value] for m in history]
     return curves
+
+
+def tensorboard_curves(model_run_uri: str | None) -> dict[str, list[list[float]]]:
+    """The same curves from the Trainer's TensorBoard files (`<model_run>/tensorboard/<split>`),
+    for a run without MLflow."""
+    curves: dict[str, list[list[float]]] = {}
+    for split in ("train", "eval"):
+        pattern = os.path.join(model_run_uri or "", "tensorboard", split, "events.out.tfevents.*")
+        for path in tf.io.gfile.glob(pattern) if model_run_uri else []:
+            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+                event = event_pb2.Event.FromString(record)
+                for value in event.summary.value:
+                    number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
+                    if getattr(number, "size", 1) == 1:  # scalars only, not histograms or images
+                        curves.setdefault(f"{split}/{value.tag}", []).append([event.step, float(number)])
+    return {k: sorted(v) for k, v in sorted(curves.items())
+            if k.startswith(CURVE_PREFIXES) and not k.endswith("_examples") and len(v) > 1}
+
+
+def curves_of(client, run_id: str | None, model_run_uri: str | None) -> dict[str, list[list[float]]]:
+    """The training curves from MLflow, else from the TensorBoard files."""
+    return training_curves(client, run_id) or tensorboard_curves(model_run_uri)
 
 
 def export_summary(report: dict | None) -> dict | None:
