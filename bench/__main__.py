@@ -19,7 +19,7 @@ from bench.report import write_report
 from tracking.system_info import git_commit
 
 BENCHMARKS = ["train", "serving", "tflite", "pipeline"]  # `make bench` (all)
-LONG = ["scale", "quality", "shapes"]  # long: only when named, e.g. `make bench BENCH=scale`
+LONG = ["scale", "quality", "shapes", "transform", "slices"]  # long: only when named, e.g. `make bench BENCH=scale`
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent
 

@@ -9,7 +9,8 @@ around the call; the ratio is the median of the rounds' own ratios. Target: with
 Evaluator cost before, and so what "without" (no specs, but the overall slice's figures, the
 confusion matrices and calibration bins now computed) adds.
 
-`python -m bench.slices` (SLICES_ROWS=20000 for a quick check); writes bench/results/slices.json.
+`make bench BENCH=slices` (~5 min on 2 cores; SLICES_ROWS=20000 for a quick check) adds a run to
+bench/results/slices.json.
 """
 from __future__ import annotations
 
@@ -70,8 +71,7 @@ def measure(candidate: str, split: str, specs: list) -> dict:
             "slices": len(decision.slices["slices"]), "examples": decision.slices["slices"][0]["examples"]}
 
 
-def main() -> None:
-    from bench.report import short_commit
+def run() -> dict:
     from tests.serving_helpers import export_model
 
     rows = int(os.environ.get("SLICES_ROWS", 1_000_000))
@@ -85,11 +85,10 @@ def main() -> None:
     ratio = statistics.median(r["with_3_specs"]["cpu_s"] / r["without"]["cpu_s"] for r in rounds)
     ratio_before = statistics.median(r["with_3_specs"]["cpu_s"] / r["before"]["cpu_s"] for r in rounds)
     result = {"rows": rows, "specs": SPECS, "rounds": rounds, "ratio_cpu_with_vs_without": round(ratio, 3),
-              "ratio_cpu_with_vs_before": round(ratio_before, 3), "before": BEFORE,
-              "target": "<= 2", "commit": short_commit(_commit()), "cpus": os.cpu_count()}
+              "ratio_cpu_with_vs_before": round(ratio_before, 3), "before": BEFORE, "target": "<= 2",
+              "cpus": os.cpu_count()}
     print(json.dumps(result, indent=2))
-    out = REPO / "bench" / "results" / "slices.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 _BEFORE_SCRIPT = """
@@ -130,17 +129,7 @@ def _tree(commit: str, where: Path) -> Path:
     return where
 
 
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "trainer", "components"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 if __name__ == "__main__":
-    main()
+    from bench.__main__ import main
+
+    raise SystemExit(main(["--only", "slices"]))
