@@ -81,9 +81,16 @@ class _Graph:
 
 
 def _pushed_artifact(graph: _Graph, destination: str):
-    found = [a for a in graph.store.get_artifacts_by_type("PushedModel")
-             if a.custom_properties.get("pushed_destination") is not None
-             and a.custom_properties["pushed_destination"].string_value.rstrip("/") == destination.rstrip("/")]
+    """The push that wrote `destination`; else (a root moved since) the push of that model name
+    and version number."""
+    def recorded(artifact) -> str:
+        props = artifact.custom_properties
+        return props["pushed_destination"].string_value.rstrip("/") if "pushed_destination" in props else ""
+
+    pushes = [a for a in graph.store.get_artifacts_by_type("PushedModel") if recorded(a)]
+    found = [a for a in pushes if recorded(a) == destination.rstrip("/")]
+    tail = destination.rstrip("/").split("/")[-2:]
+    found = found or [a for a in pushes if recorded(a).split("/")[-2:] == tail]
     return max(found, key=lambda a: a.id, default=None)
 
 
@@ -167,8 +174,12 @@ def version_lineage(config: LooplineConfig, model: str, version: int) -> tuple[d
     found = _artifacts_of_version(graph, pushed)
     params = json.loads(_execution_property(found["registrar"], "params", "{}") or "{}") \
         or {k: str(v) for k, v in config.flat().items()}
-    mlflow, client = _mlflow_record(config, found["registrar"], found["run_id"], str(version),
-                                    prop(found["model"], "mlflow_run_id") or None)
+    try:
+        mlflow, client = _mlflow_record(config, found["registrar"], found["run_id"], str(version),
+                                        prop(found["model"], "mlflow_run_id") or None)
+    except Exception as exc:  # noqa: BLE001 - ML Metadata's part of the lineage stands without MLflow's
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        mlflow, client = {"error": f"MLflow could not be read: {first}"}, None
     lineage = build_lineage(LineageInputs(
         model_name=model, version=str(version), pushed=pushed, model=found["model"], examples=found["examples"],
         statistics=found["statistics"], schema=found["schema"], anomalies=found["anomalies"],
@@ -188,5 +199,8 @@ def write_version_card(config: LooplineConfig, model: str, version: int, out: st
     mlflow = lineage["mlflow"] or {}
     curves = curves_of(client, mlflow.get("trained_run_id") or mlflow.get("run_id"),
                        (lineage.get("trainer_run") or {}).get("uri"))
-    folder = out or card_folder(lineage["pushed"]["path"])
+    from serving.model_config import version_path
+
+    # The version folder as it is now (the recorded destination may be under a root since moved).
+    folder = out or card_folder(version_path(serving_base_of(config, model), version))
     return write_card(card_content(lineage, curves), folder)

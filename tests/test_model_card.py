@@ -265,3 +265,18 @@ def test_without_mlflow_the_curves_come_from_the_trainers_tensorboard_files(pipe
     for name in ("train/loss", "eval/loss"):
         assert [step for step, _ in from_files[name]] == [step for step, _ in from_mlflow[name]]
         assert [v for _, v in from_files[name]] == pytest.approx([v for _, v in from_mlflow[name]], rel=1e-5)
+
+
+def test_lineage_without_a_reachable_mlflow_keeps_what_ml_metadata_says(pipeline_run, monkeypatch):
+    import pipeline.lineage as lineage_module
+    from tracking.lineage import lineage_lines
+
+    def unreachable(*_):
+        raise ConnectionError("connection refused\nmore")
+
+    config, summary = pipeline_run
+    monkeypatch.setattr(lineage_module, "_mlflow_record", unreachable)
+    lineage, client = lineage_module.version_lineage(config, config.serving.model_name, int(summary.version))
+    assert client is None and lineage["mlflow"] == {"error": "MLflow could not be read: connection refused"}
+    assert lineage["pipeline"]["run_id"] == summary.run_id and lineage["model_artifact"]["uri"]
+    assert "mlflow     MLflow could not be read: connection refused" in lineage_lines(lineage)

@@ -185,7 +185,7 @@ def lineage_rows(lineage: dict) -> list[list]:
         ["data baseline", baseline.get("description") or "(not recorded)"],
         ["model", (lineage.get("model_artifact") or {}).get("uri")],
         ["git commit", lineage.get("git_commit") or "(not recorded)"],
-        ["MLflow run", mlflow.get("run_id") or "(none)"],
+        ["MLflow run", mlflow.get("error") or mlflow.get("run_id") or "(none)"],
         ["registered version", f"{mlflow.get('registered_model')} {mlflow.get('registered_version')}"
          if mlflow.get("registered_version") else "(none)"],
         ["champion replaced", f"version {champion['version']} ({champion['path']})" if champion

@@ -153,7 +153,8 @@ def lineage_lines(lineage: dict) -> list[str]:
     out.append(f"blessing   {uri('blessing')}")
     out.append(f"replaced   {'version ' + str(champion['version']) if champion else 'no champion (first model)'}")
     out.append(f"git        {lineage['git_commit'] or '(not recorded)'}")
-    out.append(f"mlflow     run {mlflow.get('run_id') or '(none)'}; registered {mlflow.get('registered_model')} "
+    out.append(f"mlflow     {mlflow['error']}" if mlflow.get("error") else
+               f"mlflow     run {mlflow.get('run_id') or '(none)'}; registered {mlflow.get('registered_model')} "
                f"version {mlflow.get('registered_version') or '(none)'}")
     out.append(f"config     {len(lineage['config'])} keys (--json shows them)")
     return out
