@@ -123,8 +123,8 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
             bucket = plot.value.calibration_histogram_buckets.buckets.add(
                 lower_threshold_inclusive=b["lower"], upper_threshold_exclusive=b["upper"])
             bucket.num_weighted_examples.value = b["examples"]
-            bucket.total_weighted_label.value = (b["observed"] or 0.0) * b["examples"]
-            bucket.total_weighted_refined_prediction.value = (b["mean_prediction"] or 0.0) * b["examples"]
+            bucket.total_weighted_label.value = b["observed"] * b["examples"]
+            bucket.total_weighted_refined_prediction.value = b["mean_prediction"] * b["examples"]
     return out
 
 

@@ -144,7 +144,8 @@ def test_figures_per_slice_cross_bucket_and_missing_values(models):
     assert any(r.startswith("slices reported, not gated") and small[0] in r for r in decision.reasons)
     calibration = decision.slices_json()["calibration"]["species"]
     assert sum(b["examples"] for b in calibration) == 1000
-    assert [b["examples"] for b in calibration if b["examples"]] == [40, 960]  # 0.45 and 0.6 top scores
+    assert [(b["lower"], b["examples"], b["observed"]) for b in calibration] == [(0.4, 40, 0.0), (0.6, 960, 1.0)]
+    assert [b["mean_prediction"] for b in calibration] == pytest.approx([0.45, 0.6], rel=1e-5)  # top scores, float32 sums
 
 
 def test_thresholds_follow_tfmas_metric_threshold_semantics():

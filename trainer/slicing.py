@@ -261,8 +261,8 @@ class SliceTotals:
             bins = self.calibration.get(f"{head.name}/calibration")
             if bins is None:
                 continue
+            # Empty bins are left out: every bin listed has a mean prediction and an observed rate.
             out[head.name] = [{"lower": i / CALIBRATION_BINS, "upper": (i + 1) / CALIBRATION_BINS,
-                               "examples": int(round(n)), "mean_prediction": p / n if n else None,
-                               "observed": o / n if n else None}
-                              for i, (n, p, o) in enumerate(bins.tolist())]
+                               "examples": int(round(n)), "mean_prediction": p / n, "observed": o / n}
+                              for i, (n, p, o) in enumerate(bins.tolist()) if n > 0]
         return out
