@@ -243,6 +243,8 @@ def test_per_slice_figures_match_tfmas_own_computation(models, tmp_path):
         slicing_specs { feature_keys: "year" }
         metrics_specs { output_names: "species" metrics { class_name: "ExampleCount" }
                         metrics { class_name: "MultiClassConfusionMatrixPlot" } }
+        metrics_specs { output_names: "species" binarize { class_ids { values: [0, 1, 2] } }
+                        metrics { class_name: "AUC" config: '"num_thresholds": 1001' } }
         metrics_specs { output_names: "mass" metrics { class_name: "MeanAbsoluteError" } metrics { class_name: "MeanSquaredError" } }
         """, config_pb2.EvalConfig())
     result = tfma.run_model_analysis(eval_config=eval_config, data_location=data, output_path=str(tmp_path / "tfma"))
@@ -258,6 +260,9 @@ def test_per_slice_figures_match_tfmas_own_computation(models, tmp_path):
         mass = metrics["mass"][""]
         assert figures["body_mass_g_mae"] == pytest.approx(mass["mean_absolute_error"]["doubleValue"], rel=1e-6), slice_
         assert figures["body_mass_g_rmse"] ** 2 == pytest.approx(mass["mean_squared_error"]["doubleValue"], rel=1e-6), slice_
+        # TFMA's AUC per class (binarized, 1001 thresholds: ours are the same ones); ours is their mean.
+        per_class = [metrics["species"][f"classId:{c}"]["auc"]["doubleValue"] for c in range(3)]
+        assert figures["species_auc"] == pytest.approx(np.mean(per_class), abs=1e-9), slice_
     for key, plots in result.plots:
         matrix = np.zeros((3, 3), int)
         for entry in plots["species"][""]["multiClassConfusionMatrixAtThresholds"]["matrices"][0]["entries"]:

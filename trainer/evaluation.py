@@ -13,7 +13,8 @@ from serving import signature_names as names
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import parsed_chunks, read_once, record_dataset
-from trainer.slicing import BatchSlices, SliceTotals, calibration_sums, segment_sums, slice_row_values
+from trainer.slicing import (BatchSlices, SliceTotals, auc_histograms, calibration_sums, segment_sums,
+                             slice_row_values)
 
 
 def read_description(saved_model_dir: str) -> dict:
@@ -173,6 +174,7 @@ class RunningEvaluation:
         rows = self._totals.row_values(targets, outputs, losses)
         sums = {key: tf.reduce_sum(value) for key, value in rows.items()}  # batch_sums, from the same rows
         per_slice = segment_sums({**rows, **slice_row_values(self.heads, targets, outputs, losses)}, index)
+        per_slice.update(auc_histograms(self.heads, targets, outputs, losses, index))
         return sums, trivial, per_slice, calibration_sums(self.heads, targets, outputs, losses)
 
     @property

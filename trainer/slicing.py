@@ -21,6 +21,9 @@ OVERALL = "Overall"
 # A confusion matrix per slice is kept for classification heads of at most this many classes.
 MAX_CONFUSION_CLASSES = 32
 CALIBRATION_BINS = 10
+# AUC per slice from histograms of each class's probability: the thresholds i / AUC_BUCKETS, as
+# TFMA's AUC with num_thresholds = AUC_BUCKETS + 1 places them.
+AUC_BUCKETS = 1000
 
 # A slice: its (feature, value as text) pairs sorted by feature, as TFMA orders a slice key; () is Overall.
 SliceKey = tuple[tuple[str, str], ...]
@@ -181,6 +184,45 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
     return values
 
 
+@tf.autograph.experimental.do_not_convert
+def auc_histograms(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor], losses,
+                   index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Per classifier and slice, `[slices, classes, AUC_BUCKETS + 1, 2]`: labelled rows (negative,
+    positive for the class) by the bucket ceil(p x AUC_BUCKETS) of the class's probability p, so
+    that p > i / AUC_BUCKETS exactly when the bucket is above i (computed in float64, as TFMA
+    compares a float32 probability with its thresholds)."""
+    sums = {}
+    count = tf.reduce_max(index["segments"]) + 1
+    for head in heads:
+        k = len(head.vocabulary or [])
+        if head.kind != CLASSIFICATION or not 0 < k <= MAX_CONFUSION_CLASSES:
+            continue
+        scores = tf.gather(tf.cast(outputs[head.name], tf.float64), index["rows"])
+        bucket = tf.clip_by_value(tf.cast(tf.math.ceil(scores * AUC_BUCKETS), tf.int32), 0, AUC_BUCKETS)
+        positive = tf.one_hot(tf.gather(tf.maximum(targets[head.name], 0), index["rows"]), k, dtype=tf.int32)
+        mask = tf.gather(losses[head.name][1], index["rows"])
+        cell = ((index["segments"][:, None] * k + tf.range(k)[None, :]) * (AUC_BUCKETS + 1) + bucket) * 2 + positive
+        flat = tf.math.unsorted_segment_sum(tf.reshape(tf.tile(mask[:, None], [1, k]), [-1]), tf.reshape(cell, [-1]),
+                                            count * k * (AUC_BUCKETS + 1) * 2)
+        sums[f"{head.name}/auc_histogram"] = tf.reshape(flat, [count, k, AUC_BUCKETS + 1, 2])
+    return sums
+
+
+def roc_auc(negatives: np.ndarray, positives: np.ndarray) -> float | None:
+    """The ROC curve's area from auc_histograms' buckets, as Keras' and TFMA's AUC compute it
+    (thresholds -eps, 1 / n .. (n - 1) / n, 1 + eps; trapezoids); None without both classes."""
+    if positives.sum() == 0 or negatives.sum() == 0:
+        return None
+
+    def rates(counts: np.ndarray) -> np.ndarray:
+        at_or_above = np.cumsum(counts[::-1])[::-1]  # rows in bucket >= j
+        above = np.concatenate([[counts.sum()], at_or_above[2:AUC_BUCKETS + 1], [0.0]])  # rows with p > threshold
+        return above / counts.sum()
+
+    tpr, fpr = rates(positives), rates(negatives)
+    return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2))
+
+
 def segment_sums(values: dict[str, tf.Tensor], index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Each value summed per slice (`[slices, ...]`) over BatchSlices.tensors()' memberships."""
     count = tf.reduce_max(index["segments"]) + 1
@@ -208,6 +250,15 @@ def calibration_sums(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
         columns = tf.stack([mask, probability * mask, outcome * mask], axis=1)
         sums[f"{head.name}/calibration"] = tf.math.unsorted_segment_sum(columns, bins, CALIBRATION_BINS)
     return sums
+
+
+def head_auc(histogram: np.ndarray) -> float | None:
+    """A binary head's AUC of class 1; a multi-class head's mean one-vs-rest AUC over the classes
+    that have both positive and negative rows in the slice."""
+    if len(histogram) == 2:
+        return roc_auc(histogram[1, :, 0], histogram[1, :, 1])
+    areas = [a for a in (roc_auc(h[:, 0], h[:, 1]) for h in histogram) if a is not None]
+    return float(np.mean(areas)) if areas else None
 
 
 class SliceTotals:
@@ -240,6 +291,10 @@ class SliceTotals:
                 metrics.pop("loss", None), metrics.pop("weighted_loss", None)
             elif f"{head.name}/abs_error" in sums:
                 metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
+            elif f"{head.name}/auc_histogram" in sums:
+                auc = head_auc(sums[f"{head.name}/auc_histogram"])
+                if auc is not None:
+                    metrics[f"{head.name}_auc"] = auc
         return metrics
 
     def examples(self, key: SliceKey) -> int:
