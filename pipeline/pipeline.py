@@ -153,12 +153,7 @@ def create_pipeline(config: LooplineConfig, *, local_metadata: bool = True,
                                                            statistics_gen, schema_gen)
     components = [example_gen, statistics_gen, schema_gen, example_validator, data_gate, *filter(None, [transform, tuner]),
                   trainer, evaluator, pusher, baseline_recorder, serving_configs]
-    if target and _is_tfx_module(config.trainer.module_file):
-        # The Registrar logs loopline's exports as MLflow models; a run_fn's model is tracked
-        # (the Trainer's MLflow run) but not registered yet.
-        logging.getLogger("loopline").warning("MLflow: %s is a TFX module file: its training is tracked, its model "
-                                              "is not registered (not supported yet)", config.trainer.module_file)
-    elif target:
+    if target:
         components.append(_registrar(config, target, example_gen, statistics_gen, schema_gen, trainer, evaluator,
                                      pusher, run_id_placeholder))
     return tfx_pipeline.Pipeline(

@@ -118,3 +118,30 @@ def test_the_served_mnist_model_answers_raw_examples_over_grpc_as_the_saved_mode
     assert answer.model_spec.version.value == int(summary.version)
     np.testing.assert_allclose(tf.make_ndarray(answer.outputs["output_0"]), direct["output_0"].numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_run_fn_model_is_registered_in_mlflow_and_its_pyfunc_answers_as_the_saved_model(mnist_run):
+    """The Registrar logs the run_fn's SavedModel as a pyfunc model over its tf.Example signature
+    (raw feature columns in, the label left out) and registers the pushed version; loaded back
+    through MLflow it answers what the SavedModel answers. The version's model card is pushed too."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    config, summary = mnist_run
+    tracking_uri = f"sqlite:///{config.pipeline.root}/mlflow/mlflow.db"
+    client = MlflowClient(tracking_uri)
+    (version,) = client.search_model_versions(f"name='{config.mlflow.registered_model or config.serving.model_name}'")
+    run = client.get_run(version.run_id)
+    assert run.info.status == "FINISHED"
+    records, _ = eval_records(config)
+    records = records[:5]
+    parsed = tf.io.parse_example(records, {"image_floats": tf.io.FixedLenFeature([784], tf.float32)})
+    frame = __import__("pandas").DataFrame({"image_floats": list(parsed["image_floats"].numpy())})
+    mlflow.set_tracking_uri(tracking_uri)
+    answer = mlflow.pyfunc.load_model(f"models:/{version.name}/{version.version}").predict(frame)
+    assert list(answer.columns) == [f"output_0_{i}" for i in range(10)]
+    direct = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](examples=tf.constant(records))
+    np.testing.assert_allclose(answer.to_numpy(), direct["output_0"].numpy(), rtol=1e-5, atol=1e-5)
+    card = Path(summary.pushed_path, "assets.extra", "model_card", "model_card.html").read_text()
+    assert version.run_id in card

@@ -15,6 +15,7 @@ from mlflow.models import infer_signature
 from serving import signature_names as names
 
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
+EXAMPLES_PYFUNC_CODE = str(Path(__file__).with_name("examples_pyfunc.py"))  # a model loopline did not export
 
 
 def input_example_from_records(saved_model_dir: str, records: list[dict], rows: int = 3) -> pd.DataFrame:
@@ -71,6 +72,51 @@ def log_saved_model(tracking_uri: str, run_id: str, saved_model_dir: str, input_
             input_example=input_example,
             pip_requirements=_requirements(),
         )
+    return info.model_uri
+
+
+def _record_kind(values: list) -> str | None:
+    """A column's kind (examples_pyfunc's int64, float32, string) from its values in the records."""
+    for value in values:
+        first = value[0] if isinstance(value, list) and value else value
+        if isinstance(first, (str, bytes)):
+            return "string"
+        if isinstance(first, bool) or isinstance(first, int):
+            return "int64"
+        if isinstance(first, float):
+            return "float32"
+    return None
+
+
+def log_examples_model(tracking_uri: str, run_id: str, saved_model_dir: str, signature: str, records: list[dict],
+                       labels: set[str], name: str = "model") -> str:
+    """Logs a SavedModel loopline did not export (a TFX run_fn's) as examples_pyfunc's pyfunc model:
+    its `signature` (one input of serialized tf.Examples) called on rows of the records' columns,
+    the `labels` left out; returns its model URI."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from tracking.examples_pyfunc import ExamplesPyfunc
+
+    function = tf.saved_model.load(saved_model_dir).signatures[signature]
+    columns = sorted({k for r in records for k in r} - labels)
+    kinds = {c: kind for c in columns if (kind := _record_kind([r.get(c) for r in records if r.get(c) is not None]))}
+    spec = {"signature": signature, "input": next(iter(function.structured_input_signature[1])), "features": kinds}
+    complete = [r for r in records if all(r.get(c) is not None for c in kinds)] or records
+    example = pd.DataFrame({c: [r.get(c) for r in complete[:3]] for c in kinds})
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = os.path.join(tmp, "examples_spec.json")
+        with open(spec_path, "w") as f:  # a local file MLflow copies into the logged model
+            json.dump(spec, f)
+        artifacts = {"saved_model": saved_model_dir, "examples_spec": spec_path}
+        wrapper = ExamplesPyfunc()
+        wrapper.load_context(type("Context", (), {"artifacts": artifacts})())
+        with fluent_tracking_uri(tracking_uri), pins_checked_without_module_map(), \
+                mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+            info = mlflow.pyfunc.log_model(name=name, python_model=EXAMPLES_PYFUNC_CODE, artifacts=artifacts,
+                                           signature=infer_signature(example, wrapper.predict(None, example)),
+                                           input_example=example, pip_requirements=_requirements())
     return info.model_uri
 
 

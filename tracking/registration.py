@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from tracking.logged_model import input_example_from_records, log_saved_model, register
+from serving import signature_names as names
+from tracking.logged_model import input_example_from_records, log_examples_model, log_saved_model, register
 from tracking.metric_sink import UNDELIVERED_FILE, replay
 from tracking.remote_files import local_view
 from tracking.system_info import system_tags
@@ -184,9 +185,8 @@ def _register(reg: Registration) -> RegistrationResult:
         client.log_batch(run_id, metrics=[Metric(f"final_eval/{k}", float(v), now, 0) for k, v in reg.final_metrics.items()]
                          + [Metric(f"trivial_floor/{k}", float(v), now, 0) for k, v in reg.trivial_metrics.items()])
     _log_files(client, run_id, reg)
-    example = input_example_from_records(reg.saved_model_dir, reg.input_records)
     with local_view(reg.saved_model_dir) as saved_model:  # MLflow copies the model from local files
-        model_uri = log_saved_model(reg.target.tracking_uri, run_id, saved_model, example)
+        model_uri = _log_model(reg, run_id, saved_model)
     version = None
     if reg.blessed is False:
         log.info("MLflow: model not blessed; logged in run %s, not registered", run_id)
@@ -195,6 +195,19 @@ def _register(reg: Registration) -> RegistrationResult:
         log.info("MLflow: registered %s version %s (run %s)", reg.registered_model, version, run_id)
     client.set_terminated(run_id, "FINISHED")
     return RegistrationResult(run_id, model_uri, str(version) if version is not None else None, replayed)
+
+
+def _log_model(reg: Registration, run_id: str, saved_model: str) -> str:
+    """loopline's export as its pyfunc model; a TFX run_fn's SavedModel as the tf.Example one
+    (its signature as the Evaluator calls it, the label columns left out of its inputs)."""
+    import tensorflow as tf
+
+    if tf.io.gfile.exists(names.signature_file(saved_model)):
+        example = input_example_from_records(saved_model, reg.input_records)
+        return log_saved_model(reg.target.tracking_uri, run_id, saved_model, example)
+    labels = {reg.params.get("data.label"), reg.params.get("evaluator.label_key")} - {None, "None"}
+    return log_examples_model(reg.target.tracking_uri, run_id, saved_model,
+                              reg.params.get("evaluator.signature_name", names.DEFAULT), reg.input_records, labels)
 
 
 def _log_tags_and_params(client, run_id: str, reg: Registration) -> None:
