@@ -291,3 +291,20 @@ def test_the_pipelines_evaluator_writes_slices_and_tfmas_result(pipeline_run):
     result = tfma.load_eval_result(os.path.join(folder, TFMA_FOLDER))
     [(key, metrics)] = result.slicing_metrics
     assert key == () and metrics["species"][""]["accuracy"]["doubleValue"] == pytest.approx(overall["candidate"]["species_accuracy"])
+
+
+def test_slicing_columns_parsed_with_the_labels_or_alone_give_the_same_slices(models):
+    from trainer.evaluation import example_batches
+    from trainer.slicing import Slicer
+
+    specs = [SlicingSpec(feature_keys=["island", "sex"]), SlicingSpec(feature_buckets={"body_mass_g": [4000]}),
+             SlicingSpec(feature_keys=["year"], feature_values={"island": "Dream"})]
+    slicer = Slicer.for_split(specs, models["split"])
+    assert slicer.kinds == {"island": "string", "sex": "string", "body_mass_g": "float32", "year": "int64"}
+    [(batch, parsed)] = list(example_batches(models["split"], 1000, {"species": "string", "body_mass_g": "float32"},
+                                             slicing=slicer.kinds))
+    together, alone = slicer.batch(batch, parsed), slicer.batch(batch)
+    assert together.keys == alone.keys and len(together.keys) == 1 + 6 + 2 + 3
+    assert (together.rows == alone.rows).all() and (together.segments == alone.segments).all()
+    with pytest.raises(ValueError, match=r"\['colour'\] in none of the first"):
+        Slicer.for_split([SlicingSpec(feature_keys=["colour"])], models["split"])

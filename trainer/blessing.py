@@ -141,9 +141,9 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         ours = [h.name for h in heads]
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
-    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples)
-    trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
     slicer, totals = Slicer.for_split(config.slicing_specs, eval_pattern), {}
+    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples, slicer.kinds)
+    trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
         candidate_answers=candidate_answers, trivial=trivial, describe=describe,

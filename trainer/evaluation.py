@@ -13,8 +13,8 @@ from serving import signature_names as names
 from trainer.features import parse_examples
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 from trainer.inputs import parsed_chunks, read_once, record_dataset
-from trainer.slicing import (BatchSlices, SliceTotals, auc_histograms, calibration_sums, segment_sums,
-                             slice_row_values)
+from trainer.slicing import (BatchSlices, SliceTotals, auc_histograms, calibration_sums, parse_with_slicing_columns,
+                             segment_sums, slice_row_values)
 
 
 def read_description(saved_model_dir: str) -> dict:
@@ -77,11 +77,16 @@ def read_examples(file_pattern: str, limit: int | None = None) -> list[bytes]:
 Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
 
 
-def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None) -> Iterator[Batch]:
+def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None,
+                    slicing: dict[str, str] | None = None) -> Iterator[Batch]:
     """The split streamed in batches with the `labels` columns (label_kinds) parsed, the next
-    batch read while the models run: memory holds a few batches, whatever the split's size."""
+    batch read while the models run: memory holds a few batches, whatever the split's size.
+    `slicing`: the slicing columns' kinds (Slicer.kinds), parsed in the same parse as the labels
+    (trainer.slicing.parse_with_slicing_columns: one decoding of each example, not two)."""
     # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
-    parse = tf.autograph.experimental.do_not_convert(lambda serialized: parse_examples(serialized, labels))
+    parse = tf.autograph.experimental.do_not_convert(
+        (lambda serialized: parse_with_slicing_columns(serialized, labels, slicing)) if slicing
+        else (lambda serialized: parse_examples(serialized, labels)))
     return ((serialized.numpy(), {k: v.numpy() for k, v in parsed.items()})
             for serialized, parsed in parsed_chunks(file_pattern, batch_size, parse, limit))
 
@@ -234,7 +239,7 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                 problem = f"{champion_dir} could not be evaluated ({_first_line(exc)})"
         rows = 0
         for batch, labels in batches:
-            slices = slicer.batch(batch) if sliced else None
+            slices = slicer.batch(batch, labels) if sliced else None
             answer = candidate.add(batch, labels, slices)
             if candidate_answers is not None:
                 candidate_answers(answer, len(batch), candidate)

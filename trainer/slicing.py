@@ -88,6 +88,31 @@ class BatchSlices:
         return {"rows": tf.constant(self.rows), "segments": tf.constant(self.segments)}
 
 
+SLICING_COLUMN = "slicing:{}"  # a slicing column's first values beside the labels ("...:present": whether held)
+
+
+def parse_with_slicing_columns(serialized: tf.Tensor, labels: dict[str, str], columns: dict[str, str]) -> dict[str, tf.Tensor]:
+    """parse_examples' labels and, in the same parse, each slicing column's first value per row
+    (SLICING_COLUMN) and whether the row holds one (NaN does not)."""
+    from trainer.features import checked_columns, value_dtype
+
+    spec = {name: tf.io.RaggedFeature(value_dtype(kind)) for name, kind in labels.items()}
+    spec.update({c: tf.io.RaggedFeature(_DTYPES[k]) for c, k in columns.items() if c not in spec})
+    parsed = tf.io.parse_example(serialized, spec)
+    out = checked_columns({name: parsed[name] for name in labels}, labels)
+    for column, kind in columns.items():
+        values = parsed[column]
+        if values.dtype != _DTYPES[kind]:  # a label column parsed as the label's kind
+            values = tf.cast(values, _DTYPES[kind])
+        default = "" if kind == "string" else 0
+        first = values[:, :1].to_tensor(default_value=default, shape=[None, 1])[:, 0]
+        present = values.row_lengths() > 0
+        if kind == "float32":
+            present &= ~tf.math.is_nan(first)
+        out[SLICING_COLUMN.format(column)], out[SLICING_COLUMN.format(column) + ":present"] = first, present
+    return out
+
+
 class Slicer:
     """Each row's slices for a list of SlicingSpecs (the overall slice always first). A row missing a
     spec's feature (or holding NaN) is in none of that spec's slices (as in TFMA); of a feature with
@@ -103,11 +128,17 @@ class Slicer:
         columns = set().union(*(spec_columns(s) for s in specs)) if specs else set()
         return cls(specs, feature_kinds(file_pattern, columns) if columns else {})
 
-    def batch(self, serialized: np.ndarray) -> BatchSlices:
+    def batch(self, serialized: np.ndarray, parsed: dict[str, np.ndarray] | None = None) -> BatchSlices:
+        """`parsed`: the batch's parse_with_slicing_columns answer, when the reader parsed them;
+        else they are parsed here."""
         rows = len(serialized)
         keys: list[SliceKey] = [()]
         members, segments = [np.arange(rows, dtype=np.int32)], [np.zeros(rows, np.int32)]
-        columns = self._columns(serialized, rows) if self.kinds else {}
+        if self.kinds and parsed is not None and SLICING_COLUMN.format(next(iter(self.kinds))) in parsed:
+            columns = {c: (parsed[SLICING_COLUMN.format(c)], parsed[SLICING_COLUMN.format(c) + ":present"])
+                       for c in self.kinds}
+        else:
+            columns = self._columns(serialized, rows) if self.kinds else {}
         for spec in self.specs:
             spec_rows, codes, spec_keys = self._spec_slices(spec, columns, rows)
             members.append(spec_rows)
