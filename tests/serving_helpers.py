@@ -148,6 +148,25 @@ class ServerProcess:
         self._log.close()
 
 
+def predict_examples(workspace: Path, model_name: str, records: list[bytes], input_name: str = "examples"):
+    """One gRPC Predict of serialized tf.Examples (the default signature) to a `loopline serve`
+    started on `workspace` for it; the PredictResponse."""
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = "serving_default"
+    request.inputs[input_name].CopyFrom(tf.make_tensor_proto(records))
+    server = ServerProcess(workspace)
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            return prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+    finally:
+        server.stop()
+
+
 def child_pids(pid: int) -> list[int]:
     """The processes `pid` started (Linux /proc); a supervised server is its supervisor's child."""
     found = []

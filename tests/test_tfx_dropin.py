@@ -134,24 +134,12 @@ def test_the_penguin_run_fn_is_trained_evaluated_blessed_and_pushed(penguin_run)
 def test_the_served_model_answers_raw_examples_over_grpc_as_the_saved_model_does(penguin_run):
     """`loopline serve` on the run's root: Predict with raw tf.Examples (the eval split's) answers
     the logits the pushed SavedModel gives when called directly."""
-    import grpc
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from tests.serving_helpers import ServerProcess
+    from tests.serving_helpers import predict_examples
 
     config, summary = penguin_run
     records, _ = eval_split(config, {"species": tf.io.FixedLenFeature([], tf.int64)})
     direct = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](examples=tf.constant(records))
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = config.serving.model_name
-    request.model_spec.signature_name = "serving_default"
-    request.inputs["examples"].CopyFrom(tf.make_tensor_proto(records))
-    server = ServerProcess(Path(config.pipeline.root))
-    try:
-        with grpc.insecure_channel(server.grpc_target) as channel:
-            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
-    finally:
-        server.stop()
+    answer = predict_examples(Path(config.pipeline.root), config.serving.model_name, records)
     assert answer.model_spec.version.value == int(summary.version)
     np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), direct["outputs"].numpy(), rtol=1e-5, atol=1e-5)
 

@@ -97,24 +97,13 @@ def test_the_run_fn_model_s_tflite_variants_are_dropped_with_the_reason_in_the_e
 
 @pytest.mark.slow
 def test_the_served_mnist_model_answers_raw_examples_over_grpc_as_the_saved_model_does(mnist_run):
-    import grpc
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from tests.serving_helpers import ServerProcess
+    from tests.serving_helpers import predict_examples
 
     config, summary = mnist_run
     records, _ = eval_records(config)
     records = records[:64]
     direct = tf.saved_model.load(summary.pushed_path).signatures["serving_default"](examples=tf.constant(records))
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "mnist"
-    request.inputs["examples"].CopyFrom(tf.make_tensor_proto(records))
-    server = ServerProcess(Path(config.pipeline.root))
-    try:
-        with grpc.insecure_channel(server.grpc_target) as channel:
-            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
-    finally:
-        server.stop()
+    answer = predict_examples(Path(config.pipeline.root), "mnist", records)
     assert answer.model_spec.version.value == int(summary.version)
     np.testing.assert_allclose(tf.make_ndarray(answer.outputs["output_0"]), direct["output_0"].numpy(),
                                rtol=1e-5, atol=1e-5)
