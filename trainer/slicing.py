@@ -109,8 +109,20 @@ def parse_with_slicing_columns(serialized: tf.Tensor, labels: dict[str, str], co
         present = values.row_lengths() > 0
         if kind == "float32":
             present &= ~tf.math.is_nan(first)
-        out[SLICING_COLUMN.format(column)], out[SLICING_COLUMN.format(column) + ":present"] = first, present
+        name = SLICING_COLUMN.format(column)
+        out[name + ":present"] = present
+        if kind == "string":  # hashed here: sorting Python bytes on the host cost more than the rest of the slicing
+            out[name], out[name + ":codes"] = tf.unique(first, out_idx=tf.int32)
+        else:
+            out[name] = first
     return out
+
+
+def _parsed_column(parsed: dict[str, np.ndarray], name: str) -> tuple:
+    """(values or codes per row, held, the codes' values or None) from parse_with_slicing_columns."""
+    if name + ":codes" in parsed:
+        return parsed[name + ":codes"], parsed[name + ":present"], parsed[name]
+    return parsed[name], parsed[name + ":present"], None
 
 
 class Slicer:
@@ -135,8 +147,7 @@ class Slicer:
         keys: list[SliceKey] = [()]
         members, segments = [np.arange(rows, dtype=np.int32)], [np.zeros(rows, np.int32)]
         if self.kinds and parsed is not None and SLICING_COLUMN.format(next(iter(self.kinds))) in parsed:
-            columns = {c: (parsed[SLICING_COLUMN.format(c)], parsed[SLICING_COLUMN.format(c) + ":present"])
-                       for c in self.kinds}
+            columns = {c: _parsed_column(parsed, SLICING_COLUMN.format(c)) for c in self.kinds}
         else:
             columns = self._columns(serialized, rows) if self.kinds else {}
         for spec in self.specs:
@@ -146,8 +157,8 @@ class Slicer:
             keys.extend(spec_keys)
         return BatchSlices(keys, np.concatenate(members).astype(np.int32), np.concatenate(segments).astype(np.int32))
 
-    def _columns(self, serialized: np.ndarray, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Each column's first value per row and whether the row has one."""
+    def _columns(self, serialized: np.ndarray, rows: int) -> dict[str, tuple]:
+        """Each column's first value per row, whether the row has one, and None (no lookup)."""
         parsed = tf.io.parse_example(tf.constant(serialized, tf.string), self._parse_spec)
         out = {}
         for column, sparse in parsed.items():
@@ -159,7 +170,7 @@ class Slicer:
             column_values[indices[first, 0]] = values[first]
             if column_values.dtype.kind == "f":  # NaN is a missing number (CSV's empty cell read as float)
                 present &= ~np.isnan(column_values)
-            out[column] = (column_values, present)
+            out[column] = (column_values, present, None)
         return out
 
     def _spec_slices(self, spec, columns, rows: int) -> tuple[np.ndarray, np.ndarray, list[SliceKey]]:
@@ -171,12 +182,12 @@ class Slicer:
         code = np.zeros(int(keep.sum()), np.int64)
         texts: list[list[str]] = []
         for name in names:
-            values = columns[name][0][keep]
+            values, lookup = columns[name][0][keep], columns[name][2]
             if name in spec.feature_buckets:
                 values = np.searchsorted(np.asarray(spec.feature_buckets[name]), values, side="right")
             unique, inverse = np.unique(values, return_inverse=True)
             text = [bucket_text(spec.feature_buckets[name], int(u)) if name in spec.feature_buckets
-                    else value_text(u, self.kinds[name]) for u in unique]
+                    else value_text(u if lookup is None else lookup[u], self.kinds[name]) for u in unique]
             if name in spec.feature_values:  # only the rows holding the wanted value
                 wanted = np.array([t == spec.feature_values[name] for t in text], bool)
                 selected = wanted[inverse]
