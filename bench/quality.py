@@ -382,8 +382,10 @@ def markdown_table(result: dict) -> str:
 
 
 def markdown(runs: list[dict]) -> str:
-    """The docs' tables: the latest full run and, when kept, the first full run labelled "before"."""
-    full = [r for r in runs if r.get("tables_measured", 0) >= 7]
+    """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off) and,
+    when kept, the first full run labelled "before". Runs of fewer seeds or with the Tuner on are
+    kept in the results only."""
+    full = [r for r in runs if r.get("tables_measured", 0) >= 7 and len(r.get("seeds", [])) >= 5 and not r.get("tuner")]
     out = []
     before = [r for r in full if r.get("label", "").startswith("before")]
     if full:
