@@ -2,7 +2,7 @@
 Analysis' own format, with TFMA's protos: `eval_config.json` (an EvalRun), `metrics*.tfrecord`
 (MetricsForSlice), `plots*.tfrecord` (PlotsForSlice: each classifier's confusion matrix per slice,
 the overall calibration histogram) and `validations.tfrecord` (ValidationResult), so that
-`tfma.load_eval_result(folder)` reads them. TFMA is imported here only: it is heavy."""
+`tfma.load_eval_result(folder)` reads them. Only TFMA's protos are imported: the package is heavy."""
 from __future__ import annotations
 
 import os
@@ -21,14 +21,16 @@ def write_eval_result(folder: str, report: dict, config, heads: list[str], candi
                       champion_path: str | None, data_location: str) -> None:
     """`report`: the Blessing's slices (trainer.slice_gates.slice_report, gated); `config`: the
     EvaluatorConfig; `heads`: the candidate's head names (a metric `<head>_x` is output `head`)."""
+    # In this order: TFMA's generated modules do not import the protos they depend on (its package's
+    # __init__ does, and `loopline run` defers that import).
+    from tensorflow_model_analysis.proto import config_pb2, metrics_for_slice_pb2  # noqa: F401
     from tensorflow_model_analysis.proto import validation_result_pb2
-    from tensorflow_model_analysis.writers.eval_config_writer import _serialize_eval_run
 
     tf.io.gfile.makedirs(folder)
     compared = any(s["champion"] for s in report["slices"])
     locations = {CANDIDATE: candidate_path, **({BASELINE: champion_path} if compared and champion_path else {})}
     with tf.io.gfile.GFile(os.path.join(folder, "eval_config.json"), "w") as f:
-        f.write(_serialize_eval_run(eval_config(config, compared), data_location, "tfrecords", locations))
+        f.write(eval_run_json(eval_config(config, compared), data_location, locations))
     kinds = report.get("_kinds", {})
     with tf.io.TFRecordWriter(os.path.join(folder, "metrics-00000-of-00001.tfrecord")) as writer:
         for entry in report["slices"]:
@@ -51,6 +53,19 @@ def write_eval_result(folder: str, report: dict, config, heads: list[str], candi
                 failure.metric_value.double_value.value = g["candidate"]
     with tf.io.TFRecordWriter(os.path.join(folder, "validations.tfrecord")) as writer:
         writer.write(result.SerializeToString())
+
+
+def eval_run_json(config, data_location: str, locations: dict[str, str]) -> str:
+    """`eval_config.json` as TFMA's writer serializes its EvalRun (eval_config_writer): its
+    protos only, not the writer's module, whose import loads all of TFMA (about 2 CPU seconds)."""
+    from importlib import metadata
+
+    from google.protobuf import json_format
+    from tensorflow_model_analysis.proto import config_pb2
+
+    return json_format.MessageToJson(config_pb2.EvalRun(
+        eval_config=config, version=metadata.version("tensorflow-model-analysis"), data_location=data_location,
+        file_format="tfrecords", model_locations=locations))
 
 
 def metric_key(name: str, heads: list[str], model_name: str, is_diff: bool = False):

@@ -310,3 +310,30 @@ def test_slicing_columns_parsed_with_the_labels_or_alone_give_the_same_slices(mo
     assert together == alone and len(together) == 1 + 6 + 2 + 3
     with pytest.raises(ValueError, match=r"\['colour'\] in none of the first"):
         Slicer.for_split([SlicingSpec(feature_keys=["colour"])], models["split"])
+
+
+def test_the_tfma_result_is_written_where_the_cli_defers_tfma_s_import(models, tmp_path):
+    """`loopline run` defers TensorFlow Model Analysis' package (pipeline.deferred_imports), whose
+    __init__ is what loads its protos in order: the Evaluator's writer must load them itself."""
+    import subprocess
+    import sys
+
+    import tensorflow_model_analysis as tfma
+
+    from tests.conftest import REPO, subprocess_env
+    from trainer.slicing import TFMA_FOLDER
+
+    config = EvaluatorConfig(slicing_specs=[SlicingSpec(feature_keys=["island"])])
+    decision = _decide(models, config)
+    (tmp_path / "report.json").write_text(json.dumps(decision.slices, default=float))
+    child = ("import json, sys\nfrom pipeline.deferred_imports import defer_unused_imports\ndefer_unused_imports()\n"
+             "import tensorflow\nfrom components.tfma_result import write_eval_result\n"
+             "from trainer.evaluator_config import EvaluatorConfig\n"
+             "report = json.load(open(sys.argv[1]))\n"
+             "write_eval_result(sys.argv[2], report, EvaluatorConfig.model_validate_json(sys.argv[3]), "
+             "['species', 'body_mass_g'], 'candidate', None, 'eval')\n")
+    result = subprocess.run([sys.executable, "-c", child, str(tmp_path / "report.json"), str(tmp_path / TFMA_FOLDER),
+                             config.model_dump_json()], capture_output=True, text=True, env=subprocess_env(), cwd=REPO,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (("island", "Torgersen"),) in dict(tfma.load_eval_result(str(tmp_path / TFMA_FOLDER)).slicing_metrics)
