@@ -62,7 +62,8 @@ def Evaluator(
     predictions = PredictionSummary() if config.eval_examples is None else None
 
     def describe(saved_model_dir: str) -> dict:  # a TFX run_fn's model as TFMA's ModelSpec names it
-        return describe_model(saved_model_dir, config.label_key, config.signature_name, eval_pattern)
+        return describe_model(saved_model_dir, config.label_key, config.signature_name, eval_pattern,
+                              config.preprocessing_function_names)
 
     def open_signature(saved_model_dir: str, signature: str, outputs=None):
         # loopline's exports are called as the server calls them: a Session callable per signature,

@@ -317,3 +317,34 @@ def test_the_stand_in_for_tfx_extensions_leaves_autograph_working():
 
     traced = tf.function(weight, autograph=True)
     assert float(traced(tf.constant(5))) == 0.0 and float(traced(tf.constant(1))) == 1.0
+
+
+@pytest.mark.slow
+def test_the_label_may_come_from_a_preprocessing_signature_as_in_tfma(penguin_run):
+    """TFMA's preprocessing_function_names: `species_xf`, which the Transform made and no raw
+    example holds, is read from the model's `transform_features` signature. The penguin module
+    passes the label through, so every figure equals the one read from the raw `species`."""
+    from trainer.blessing import evaluate_and_decide
+    from trainer.evaluator_config import EvaluatorConfig
+    from trainer.model_spec import describe_model
+
+    config, summary = penguin_run
+    splits = f"{config.pipeline.root}/tfx/CsvExampleGen/examples/*/Split-"
+
+    def evaluate(**keys):
+        evaluator = EvaluatorConfig(compare_to_champion=False, **keys)
+        return evaluate_and_decide(summary.pushed_path, f"{splits}eval/*", None, evaluator,
+                                   train_pattern=f"{splits}train/*", describe=lambda path: describe_model(
+                                       path, evaluator.label_key, evaluator.signature_name, f"{splits}eval/*",
+                                       evaluator.preprocessing_function_names))
+
+    raw = evaluate(label_key="species")
+    transformed = evaluate(label_key="species_xf", preprocessing_function_names=["transform_features"])
+    assert raw.candidate["species_accuracy"] > 0.85
+    for metric in ("accuracy", "loss"):
+        assert transformed.candidate[f"species_xf_{metric}"] == pytest.approx(raw.candidate[f"species_{metric}"], abs=1e-6)
+        assert transformed.trivial[f"species_xf_{metric}"] == pytest.approx(raw.trivial[f"species_{metric}"], abs=1e-6)
+    with pytest.raises(ValueError, match="evaluator.label_key 'species_xf' is in none of the first eval examples"):
+        evaluate(label_key="species_xf")
+    with pytest.raises(ValueError, match=r"has no signature 'transform' \(evaluator.preprocessing_function_names"):
+        evaluate(label_key="species_xf", preprocessing_function_names=["transform"])

@@ -11,6 +11,7 @@ from trainer.evaluation import (Describe, OpenSignature, eager_signature, evalua
                                 label_kinds, read_description)
 from trainer.evaluator_config import EvaluatorConfig
 from trainer.heads import Head, higher_is_better
+from trainer.model_spec import preprocessed_labels
 from trainer.slice_gates import gate, public, slice_report
 from trainer.slicing import Slicer
 from trainer.trivial import Floor, TrivialModel
@@ -129,7 +130,9 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     `train_labels`: the train split's labels already summarized for some heads
     (TrivialModel.from_label_summaries); with every head there, the split is not read for them.
     `describe`: how a model's description is read (trainer.model_spec.describe_model: TFX's too)."""
-    heads = [Head.from_json(h) for h in describe(candidate_dir)["heads"]]
+    description = describe(candidate_dir)
+    heads = [Head.from_json(h) for h in description["heads"]]
+    preprocessed = preprocessed_labels(candidate_dir, description)  # TFMA's preprocessing_function_names
     champion_dir = champion_dir if config.compare_to_champion else None
     theirs, mismatch = None, None
     if champion_dir is not None:
@@ -142,8 +145,9 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
         if [h.name for h in theirs] != ours:
             mismatch = f"{champion_dir} predicts {[h.name for h in theirs]}, the candidate {ours}: metrics are not comparable"
     slicer, totals = Slicer.for_split(config.slicing_specs, eval_pattern), {}
-    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples, slicer.kinds)
-    trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {})
+    batches = example_batches(eval_pattern, config.batch_size, label_kinds(heads), config.eval_examples, slicer.kinds,
+                              preprocessed)
+    trivial, floor = _trivial_model(heads, train_pattern, config, train_labels or {}, preprocessed)
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
         candidate_answers=candidate_answers, trivial=trivial, describe=describe,
@@ -154,9 +158,10 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor, slices)
 
 
-def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig,
-                   train_labels: dict) -> tuple[TrivialModel | None, Floor]:
-    """The trivial model fitted on the train split's labels, or None with the reason in the Floor."""
+def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig, train_labels: dict,
+                   preprocessed=None) -> tuple[TrivialModel | None, Floor]:
+    """The trivial model fitted on the train split's labels (`preprocessed`: read as
+    example_batches says), or None with the reason in the Floor."""
     if not heads:
         return None, Floor()
     if all(h.name in train_labels for h in heads):
@@ -167,6 +172,7 @@ def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig,
     if train_pattern is None:
         return None, Floor(heads, problem="no train split to fit it on")
     try:
-        return TrivialModel.fit(heads, example_batches(train_pattern, config.batch_size, label_kinds(heads))), Floor(heads)
+        return TrivialModel.fit(heads, example_batches(train_pattern, config.batch_size, label_kinds(heads),
+                                                       preprocessed=preprocessed)), Floor(heads)
     except Exception as exc:  # noqa: BLE001 - a floor that cannot be computed refuses the candidate
         return None, Floor(heads, problem=f"{train_pattern}: {type(exc).__name__}: {exc}")

@@ -78,15 +78,23 @@ Batch = tuple[np.ndarray, dict[str, np.ndarray] | None]
 
 
 def example_batches(file_pattern: str, batch_size: int, labels: dict[str, str], limit: int | None = None,
-                    slicing: dict[str, str] | None = None) -> Iterator[Batch]:
+                    slicing: dict[str, str] | None = None, preprocessed: Callable | None = None) -> Iterator[Batch]:
     """The split streamed in batches with the `labels` columns (label_kinds) parsed, the next
     batch read while the models run: memory holds a few batches, whatever the split's size.
     `slicing`: the slicing columns' kinds (Slicer.kinds), parsed in the same parse as the labels
-    (trainer.slicing.parse_with_slicing_columns: one decoding of each example, not two)."""
+    (trainer.slicing.parse_with_slicing_columns: one decoding of each example, not two).
+    `preprocessed`: where the labels come from instead of the examples (model_spec.preprocessed_labels)."""
+    parsed_labels = {} if preprocessed else labels
+
+    def parse(serialized):
+        if slicing:
+            parsed = parse_with_slicing_columns(serialized, parsed_labels, slicing)
+        else:
+            parsed = parse_examples(serialized, parsed_labels) if parsed_labels else {}
+        return {**parsed, **preprocessed(serialized)} if preprocessed else parsed
+
     # parse_examples has no Python control flow on tensors: autograph would only cost a second of tracing.
-    parse = tf.autograph.experimental.do_not_convert(
-        (lambda serialized: parse_with_slicing_columns(serialized, labels, slicing)) if slicing
-        else (lambda serialized: parse_examples(serialized, labels)))
+    parse = tf.autograph.experimental.do_not_convert(parse)
     return ((serialized.numpy(), {k: v.numpy() for k, v in parsed.items()})
             for serialized, parsed in parsed_chunks(file_pattern, batch_size, parse, limit))
 

@@ -100,6 +100,11 @@ class EvaluatorConfig(Section):
         "serving_default", description="TFMA's ModelSpec.signature_name: the signature of such a model that is called on "
         "serialized tf.Examples; its one output predicts the label (k >= 2 columns: scores or logits of the classes "
         "0..k-1; one column: a regression).")
+    preprocessing_function_names: list[str] = Field(
+        default_factory=list, description="TFMA's ModelSpec.preprocessing_function_names: signatures of such a model "
+        "called on the serialized tf.Examples, in order, whose outputs hold evaluator.label_key (TFX's "
+        "`transform_features` answering a label the Transform made, e.g. species_xf); []: the label is read from the "
+        "examples.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
     slicing_specs: list[SlicingSpec] = Field(
