@@ -46,7 +46,6 @@ def Evaluator(
     With `statistics`, the trivial model is fitted from the train split's where they hold its
     labels exactly (train_label_summaries), else from the split's labels read again."""
     from trainer.blessing import evaluate_and_decide
-    from trainer.export import REPORT_JSON, write_report
     from trainer.evaluator_config import EvaluatorConfig
     from trainer.evaluation import eager_signature, is_loopline_export
     from trainer.model_spec import describe_model
@@ -72,30 +71,43 @@ def Evaluator(
             return signature_caller(saved_model_dir, signature, outputs=outputs)
         return eager_signature(saved_model_dir, signature, outputs=outputs)
 
+    description = describe(candidate)
     decision = evaluate_and_decide(candidate, eval_pattern, champion, config, thresholds_only_because=because,
                                    open_signature=open_signature, train_pattern=split_pattern(examples, "train"),
                                    candidate_answers=predictions.add if predictions is not None else None,
-                                   train_labels=train_label_summaries(statistics, describe(candidate)),
+                                   train_labels=train_label_summaries(statistics, description),
                                    describe=describe)
     log.info("model %s", decision.summary())
+    _write_decision(blessing, model, decision)
+    write_slices(blessing.uri, decision, config, [h["name"] for h in description["heads"]], candidate, eval_pattern)
+    if predictions is not None:
+        predictions.write(blessing, candidate)
+    _record_decision(blessing, model, decision, accepted)
 
+
+def _write_decision(blessing, model, decision) -> None:
+    """BLESSED or NOT_BLESSED (TFX's convention), blessing.json, and the model's export report
+    completed with the decision."""
     import tensorflow as tf
+
+    from trainer.export import REPORT_JSON, write_report
 
     tf.io.gfile.makedirs(blessing.uri)  # Kubeflow's launcher does not create output folders
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "BLESSED" if decision.blessed else "NOT_BLESSED"), "w") as f:
         f.write("")  # GFile creates the file on the first write
     with tf.io.gfile.GFile(os.path.join(blessing.uri, "blessing.json"), "w") as f:
         f.write(json.dumps(decision.to_json(), indent=2))
-    write_slices(blessing.uri, decision, config, [h["name"] for h in describe(candidate)["heads"]], candidate, eval_pattern)
-    if predictions is not None:
-        predictions.write(blessing, candidate)
     report_path = os.path.join(model.uri, REPORT_JSON)
     if tf.io.gfile.exists(report_path):
         with tf.io.gfile.GFile(report_path) as f:
             write_report(blessing.uri, json.load(f), decision.to_json())
     else:
-        log.warning("no export report at %s; the blessing has no report beside it", report_path)
+        logging.getLogger("loopline.evaluator").warning("no export report at %s; the blessing has no report beside it",
+                                                        report_path)
 
+
+def _record_decision(blessing, model, decision, accepted: str) -> None:
+    """The blessing's properties: what the Pusher, the run summary and the Registrar read."""
     blessing.set_int_custom_property("blessed", 1 if decision.blessed else 0)
     blessing.set_string_custom_property("current_model", model.uri)
     blessing.set_int_custom_property("current_model_id", model.id)
