@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def paths_in_image(config: LooplineConfig) -> LooplineConfig:
-    """A module file from this repository's examples/ (trainer.module_file, tuner.module_file) is
-    at IMAGE_PREFIX in the image: point the compiled spec there (the content, and so the cache
-    key, is the same)."""
+    """A module file from this repository's examples/ (trainer.module_file, tuner.module_file,
+    transform.module_file) is at IMAGE_PREFIX in the image: point the compiled spec there (the
+    content, and so the cache key, is the same)."""
     config = config.model_copy(deep=True)
-    for section in (config.trainer, config.tuner):
+    for section in (config.trainer, config.tuner, config.transform):
         section.module_file = _in_image(section.module_file)
     return config
 
@@ -78,7 +78,8 @@ def check_paths_for_pods(config: LooplineConfig, allow_local_paths: bool = False
             )
         warnings.append(f"{key}: {value} must be on a volume mounted at that path in every pod")
     for key, module in (("trainer.module_file", config.trainer.module_file),
-                        ("tuner.module_file", config.tuner.module_file)):
+                        ("tuner.module_file", config.tuner.module_file),
+                        ("transform.module_file", config.transform.module_file)):
         if module is not None and not module.startswith(IMAGE_PREFIX):
             warnings.append(
                 f"{key}: {module} must exist at that path in the image; the image "

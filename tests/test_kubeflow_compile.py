@@ -286,3 +286,18 @@ def test_the_tuner_is_a_step_of_its_own(tmp_path):
     tasks = json.loads((tmp_path / "module.json").read_text())["pipelineSpec"]["root"]["dag"]["tasks"]
     tuner_config = json.loads(tasks["Tuner"]["inputs"]["parameters"]["tuner_config"]["runtimeValue"]["constant"])
     assert tuner_config["module_file"] == "/opt/loopline/examples/penguins/model.py"
+
+
+def test_a_transform_step_is_compiled_with_its_module_file_named_for_the_image(tmp_path):
+    """transform.module_file makes a Transform task before the Trainer, which takes its graph and
+    examples; a module outside the image's examples/ is named in the warnings, as the trainer's is."""
+    from pipeline.kubeflow_runner import compile_kubeflow
+
+    module = REPO / "tests" / "data" / "tfx_penguin" / "penguin_utils_keras.py"
+    config = remote_config(tmp_path, f"transform.module_file={module}", f"trainer.module_file={module}")
+    result = compile_kubeflow(config, IMAGE, tmp_path / "pipeline.json")
+    tasks = json.loads((tmp_path / "pipeline.json").read_text())["pipelineSpec"]["root"]["dag"]["tasks"]
+    assert result.tasks.index("Transform") < result.tasks.index("Trainer")
+    assert tasks["Trainer"]["inputs"]["artifacts"]["transform_graph"]["taskOutputArtifact"]["producerTask"] == "Transform"
+    assert any(w.startswith(f"transform.module_file: {module} must exist at that path in the image")
+               for w in result.warnings), result.warnings
