@@ -59,8 +59,18 @@ def _get_ipython():
     return shell.InteractiveShell.instance() if shell and shell.InteractiveShell.initialized() else None
 
 
-# Attributes a deferred module answers without running its code.
-_KNOWN_BEFORE_RUNNING = {("IPython", "get_ipython"): _get_ipython}
+def _ipython_version_info() -> tuple:
+    """IPython's `version_info` from its installed metadata: matplotlib reads it whenever a figure
+    is made (FigureCanvasBase) when IPython is in sys.modules, as a deferred one is."""
+    from importlib import metadata
+
+    return tuple(int(part) if part.isdigit() else part for part in metadata.version("ipython").split("."))
+
+
+# Attributes a deferred module answers without running its code: (module, attribute) -> a
+# function making the answer.
+_KNOWN_BEFORE_RUNNING = {("IPython", "get_ipython"): lambda: _get_ipython,
+                         ("IPython", "version_info"): _ipython_version_info}
 
 
 class _Deferred(types.ModuleType):
@@ -72,7 +82,7 @@ class _Deferred(types.ModuleType):
         with _lock:
             if self.__name__ in _pending:
                 if (self.__name__, name) in _KNOWN_BEFORE_RUNNING:
-                    return _KNOWN_BEFORE_RUNNING[self.__name__, name]
+                    return _KNOWN_BEFORE_RUNNING[self.__name__, name]()
                 if _is_submodule(self, name):
                     return importlib.import_module(f"{self.__name__}.{name}")
                 self._run()

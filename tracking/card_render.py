@@ -8,10 +8,9 @@ import io
 import json
 
 import jinja2
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+# Figures made directly, not through pyplot: no global figure state, and no pyplot import (which
+# asks IPython for its display hook, a package `loopline run` keeps deferred).
+from matplotlib.figure import Figure
 
 CURVES_PNG = "training_curves.png"
 CALIBRATION_PNG = "calibration.png"
@@ -22,7 +21,6 @@ def _png(fig) -> bytes:
     image = io.BytesIO()
     fig.tight_layout()
     fig.savefig(image, format="png", dpi=90)
-    plt.close(fig)
     return image.getvalue()
 
 
@@ -38,7 +36,8 @@ def curves_png(curves: dict[str, list]) -> bytes | None:
     panels = panels[:MAX_PANELS]
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.8 * rows), squeeze=False)
+    fig = Figure(figsize=(4 * columns, 2.8 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, (title, names) in zip(axes.flat, panels):
@@ -58,7 +57,8 @@ def calibration_png(calibration: dict[str, list] | None) -> bytes | None:
     is a perfectly calibrated model; a marker's area grows with its bin's examples."""
     if not calibration:
         return None
-    fig, ax = plt.subplots(figsize=(4.5, 4))
+    fig = Figure(figsize=(4.5, 4))
+    ax = fig.subplots()
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect")
     for head, bins in calibration.items():
         bins = [b for b in bins if b.get("examples")]
