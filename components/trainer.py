@@ -119,30 +119,25 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config, hyperparameters)
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
-    try:
+    try:  # whatever stops the Trainer from here marks its MLflow run failed
         run_fn(fn_args)
         if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
             raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "
                              f"({fn_args.serving_model_dir})")
-    except BaseException:
+        logging.getLogger("loopline").info("trainer: %s's run_fn wrote %s", os.path.basename(config.module_file),
+                                           fn_args.serving_model_dir)
+        problem = session_problem(fn_args.serving_model_dir)
+        if problem:  # pushed all the same: a server with a TF2 loader may serve it
+            logging.getLogger("loopline").warning(
+                "trainer: %s does not run in a TensorFlow 1 Session, how TF Serving and loopline serve call a model: "
+                "%s", fn_args.serving_model_dir, problem)
+            model.set_string_custom_property(SESSION_PROBLEM, problem)
+        history = fit_history(model_run.uri)
         if run:
-            run.finish({}, failed=True)
-        raise
-    logging.getLogger("loopline").info("trainer: %s's run_fn wrote %s", os.path.basename(config.module_file),
-                                       fn_args.serving_model_dir)
-    problem = session_problem(fn_args.serving_model_dir)
-    if problem:  # pushed all the same: a server with a TF2 loader may serve it
-        logging.getLogger("loopline").warning(
-            "trainer: %s does not run in a TensorFlow 1 Session, how TF Serving and loopline serve call a model: %s",
-            fn_args.serving_model_dir, problem)
-        model.set_string_custom_property(SESSION_PROBLEM, problem)
-    history = fit_history(model_run.uri)
-    if run:
-        for epoch, metrics in sorted(history.items()):
-            run.sink.log(epoch, metrics)
-    steps = optimizer_steps(model_run.uri)
-    metrics = {**final_eval_metrics(history), **({"steps": steps} if steps else {})}
-    try:
+            for epoch, metrics in sorted(history.items()):
+                run.sink.log(epoch, metrics)
+        steps = optimizer_steps(model_run.uri)
+        metrics = {**final_eval_metrics(history), **({"steps": steps} if steps else {})}
         report = export_foreign(fn_args.serving_model_dir, model.uri, DEFAULT, split_pattern(raw_examples, TRAIN_SPLIT),
                                 split_pattern(raw_examples, EVAL_SPLIT), metrics, export)
     except BaseException:
