@@ -11,6 +11,7 @@ candidate's predictions on the eval split (components.eval_predictions, for the 
 per-slice figures and gates (`slices.json`) and the same figures in TFMA's format (`tfma/`).
 """
 
+import functools
 import json
 import logging
 import os
@@ -60,6 +61,7 @@ def Evaluator(
     # The candidate's predictions on the whole split are summarized on the way, for the baseline.
     predictions = PredictionSummary() if config.eval_examples is None else None
 
+    @functools.cache  # asked for the candidate's and champion's again and again: a TFX model's is a load
     def describe(saved_model_dir: str) -> dict:  # a TFX run_fn's model as TFMA's ModelSpec names it
         return describe_model(saved_model_dir, config.label_key, config.signature_name, eval_pattern,
                               config.preprocessing_function_names)
