@@ -119,24 +119,37 @@ class ModelServer:
 STOP_SIGNAL_POLL_S = 0.5
 
 
+class StopSignals:
+    """Remembers SIGINT and SIGTERM from the moment it is made, whichever thread they reach."""
+
+    def __init__(self):
+        # The handler only appends: a handler that took a lock (Event.set) could find it held by
+        # the very code it interrupted, and wait on itself.
+        self.received: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: self.received.append(signum))
+
+    def wait(self) -> None:
+        """Returns once one has arrived (at once if one already had)."""
+        while not self.received:
+            time.sleep(STOP_SIGNAL_POLL_S)
+
+
 def wait_for_stop_signal() -> None:
     """Returns once SIGINT or SIGTERM has arrived, whichever thread it was delivered to."""
-    # The handler only appends: a handler that took a lock (Event.set) could find it held by the
-    # very code it interrupted, and wait on itself.
-    received: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: received.append(signum))
-    while not received:
-        time.sleep(STOP_SIGNAL_POLL_S)
+    StopSignals().wait()
 
 
 def serve_forever(serving_root: str | None, config: ServingConfig, models_config: str | None = None,
                   options: ServerOptions | None = None, banner: str = "") -> int:
     """Runs until SIGINT/SIGTERM; prints one line with the bound addresses once it is serving."""
     server = ModelServer(serving_root, config, models_config, options).start()
+    # Caught from before the line that says it is serving: a SIGTERM sent as soon as that line is
+    # read must stop it gracefully, not find the default action (death by the signal) still set.
+    stop = StopSignals()
     supervisor.remember_ports(server.grpc_port, server.rest_port)
     print(f"loopline serving {banner or serving_root}: {server.addresses()}", flush=True)
-    wait_for_stop_signal()
+    stop.wait()
     log.info("stopping: finishing in-flight requests")
     server.stop()
     return 0

@@ -169,6 +169,36 @@ def test_a_stop_signal_delivered_to_another_thread_stops_the_wait(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr[-2000:]
 
 
+# A SIGTERM sent the moment the serving line is out: here, from inside the print of that line.
+SIGNAL_AT_THE_SERVING_LINE = """
+import builtins, signal
+from serving import server
+
+class Started:
+    grpc_port = rest_port = None
+    def start(self): return self
+    def addresses(self): return ""
+    def stop(self): print("stopped")
+
+server.ModelServer = lambda *args: Started()
+print_line = builtins.print
+def print_then_signal(*args, **kwargs):
+    print_line(*args, **kwargs)
+    if str(args[0]).startswith("loopline serving"):
+        signal.raise_signal(signal.SIGTERM)
+builtins.print = print_then_signal
+raise SystemExit(server.serve_forever(None, None))
+"""
+
+
+def test_a_stop_signal_sent_as_the_serving_line_appears_stops_gracefully(tmp_path):
+    """A client (a test, a supervisor, a readiness script) may send SIGTERM as soon as it reads
+    the serving line; the server must already catch it and stop gracefully, not die of it."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_AT_THE_SERVING_LINE], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=subprocess_env())
+    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["stopped"]), done.stderr[-2000:]
+
+
 def _self_signed(folder):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
