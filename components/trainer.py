@@ -105,6 +105,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     `raw_examples` (its serving signature takes raw tf.Examples) under `export` (the export:
     section; trainer.foreign_export). What a `fit()` wrote through its TensorBoard callback into
     `model_run_dir` goes to MLflow: each epoch's metrics, and the logs themselves."""
+    import keras
     import tensorflow as tf
 
     from components.tfx_fn_args import trainer_fn_args
@@ -120,6 +121,8 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config, hyperparameters)
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:  # whatever stops the Trainer from here marks its MLflow run failed
+        # TFX seeds nothing; seeded, the same data, module and keys train the same model.
+        keras.utils.set_random_seed(config.seed)
         run_fn(fn_args)
         if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
             raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "

@@ -108,6 +108,28 @@ def test_trials_are_scored_on_the_validation_rows_never_the_eval_split(tmp_path,
     assert searcher.get_best_hyperparameters(1)[0].values == {"learning_rate": 0.01}
 
 
+def test_the_same_seed_proposes_the_same_trials(tmp_path, monkeypatch):
+    """tuner.seed fixes the search: KerasTuner would read the default seed (0) as none and draw one."""
+    import random
+
+    import trainer.loop
+    from trainer.config import TrainerConfig
+    from trainer.tuning import TunerConfig, search
+
+    def proposals(seed: int, run: str) -> list[float]:
+        calls = []
+        monkeypatch.setattr(trainer.loop, "train", _fake_training(calls))
+        random.seed(run)  # whatever state the process's generator is in
+        tuner = TunerConfig(enabled=True, algorithm="random", max_trials=3, seed=seed,
+                            search_space={"learning_rate": {"min": 0.001, "max": 0.03}})
+        search(TrainerConfig(), tuner, pattern, "species", str(tmp_path / f"work-{seed}-{run}"))
+        return [config.learning_rate for _, _, config in calls]
+
+    pattern = _train_split(tmp_path)
+    assert proposals(0, "first") == proposals(0, "second")
+    assert proposals(0, "first") != proposals(7, "first")
+
+
 def test_the_time_budget_stops_new_trials_and_says_so(tmp_path, monkeypatch, caplog):
     import trainer.loop
     from trainer.config import TrainerConfig

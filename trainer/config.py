@@ -69,7 +69,8 @@ class TrainerConfig(Section):
     learning_rate: float = Field(0.01, gt=0, description="The peak learning rate of the schedule (Adam's unless the "
                                  "module builds its own optimizers).")
     seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (initial weights, shuffling) and the "
-                      "augmentations' random streams (bit-identical reruns on CPU need deterministic too).")
+                      "augmentations' random streams (bit-identical reruns on CPU need deterministic too); set "
+                      "before a TFX module's run_fn is called.")
     input: InputConfig = Field(InputConfig(), description="tf.data over the GZIP TFRecord splits.")
 
     # Distribution and speed.

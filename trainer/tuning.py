@@ -74,7 +74,8 @@ class TunerConfig(Section):
                            "when named, else <data.label>_loss.")
     trial_epochs: int | None = Field(None, ge=1, description="loopline's search: epochs per trial (early stopping "
                                      "may end one sooner); null: trainer.epochs.")
-    seed: int = Field(0, description="Seeds the oracle's proposals.")
+    seed: int = Field(0, description="Seeds Python, NumPy and TensorFlow before the search: the "
+                      "oracle's proposals and a tuner_fn's models (TFX's own Tuner seeds nothing).")
     search_space: dict[str, Range | Choice] = Field(
         default_factory=dict, description="loopline's search: {key: {min, max, step, sampling: linear|log} or "
         "{values: [...]}}; a key is a trainer key (" + ", ".join(SEARCHABLE) + ") or hparams.<name> (the generic "
@@ -214,11 +215,20 @@ def make_oracle(tuner: TunerConfig, objective: str):
         seed=tuner.seed, allow_new_entries=False, tune_new_entries=False)
 
 
+def seed_search(seed: int) -> None:
+    """KerasTuner reads an oracle's seed of None or 0 as "draw one from Python's random", and a
+    tuner_fn's models draw their weights from TensorFlow's: seeded, a search is repeatable."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+
+
 def search(config: TrainerConfig, tuner: TunerConfig, train_pattern: str, label: str, work_dir: str, **train_kwargs):
     """loopline's search: returns the searched KerasTuner tuner (its oracle holds the trials) and
     the TrialClock that timed them. `train_kwargs` go to trainer.loop.train (kinds, label_kind...)."""
     from trainer.loop import train
 
+    seed_search(tuner.seed)
     objective = objective_name(tuner, config, label)
     train_file, validation_file, _ = carve_validation(train_pattern, config.validation_fraction,
                                                       os.path.join(work_dir, "rows"))
