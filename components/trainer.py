@@ -60,8 +60,13 @@ def Trainer(
         from trainer.tuning import with_values
 
         config = with_values(config, tuned)
-    kinds = None
-    if schema is not None:  # the parsing spec comes from the schema, not from sampling the data
+    kinds, transform, train_on = None, None, examples
+    if transform_graph is not None:  # loopline's model on the Transform's output, its graph in the signatures
+        from components.transform import input_transform
+
+        transform = input_transform(transform_graph, schema, examples, config.module_file, label)
+        kinds, train_on = transform.kinds, transformed_examples
+    elif schema is not None:  # the parsing spec comes from the schema, not from sampling the data
         from trainer.features import kinds_from_schema
         from validation.schema import load_schema
 
@@ -70,15 +75,17 @@ def Trainer(
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:
-        result = train(config, split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, EVAL_SPLIT), label,
+        result = train(config, split_pattern(train_on, TRAIN_SPLIT), split_pattern(train_on, EVAL_SPLIT), label,
                        metric_sinks=[run.sink] if run else [], kinds=kinds, work_dir=model_run.uri,
                        label_kind=label_kind, max_classes=max_classes or None,
-                       columns_dirs=[columns_dir(examples.uri, split) for split in (TRAIN_SPLIT, EVAL_SPLIT)])
-        # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*.
+                       columns_dirs=[columns_dir(train_on.uri, split) for split in (TRAIN_SPLIT, EVAL_SPLIT)])
+        # Float32 SavedModel (+ warmup), TFLite variants behind the parity gate, export_report.*,
+        # checked on the raw examples the signatures take.
         report = export_model(result.model, result.kinds, result.heads, result.metrics,
                      path_utils.serving_model_path(model.uri), model.uri,
                      split_pattern(examples, TRAIN_SPLIT), split_pattern(examples, EVAL_SPLIT),
-                     ExportConfig.model_validate_json(export_config), default=label, exported=result.exported)
+                     ExportConfig.model_validate_json(export_config), default=label, exported=result.exported,
+                     transform=transform)
     except BaseException:
         if run:
             run.finish({}, failed=True)

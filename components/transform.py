@@ -103,3 +103,17 @@ def _write_split(raw_dataset, transform_fn, split: str, split_dir: str) -> None:
          | f"Encode[{split}]" >> beam.Map(coder.encode)
          | f"Write[{split}]" >> beam.io.WriteToTFRecord(os.path.join(split_dir, EXAMPLES_PREFIX),
                                                         file_name_suffix=".gz"))
+
+
+def input_transform(transform_graph, schema, examples, module_file: str | None, label: str):
+    """The Transform's graph in front of loopline's own model (trainer.transform_graph), checked
+    on the first 1,000 raw train examples."""
+    from trainer.evaluation import read_examples
+    from trainer.features import kinds_from_schema
+    from trainer.model import label_names, load_module
+    from trainer.transform_graph import InputTransform
+    from validation.schema import load_schema
+
+    return InputTransform(transform_graph.uri, kinds_from_schema(load_schema(schema.uri)),
+                          label_names(load_module(module_file), label),
+                          read_examples(split_pattern(examples, TRAIN_SPLIT), 1000))

@@ -53,7 +53,8 @@ def Tuner(
         searcher, clock = _tuner_fn_search(tuner, config, transformed_examples or examples, schema,
                                            transform_graph, work_dir)
     else:
-        searcher, clock = _loopline_search(tuner, config, examples, schema, label, label_kind, max_classes, work_dir)
+        searcher, clock = _loopline_search(tuner, config, examples, schema, label, label_kind, max_classes, work_dir,
+                                           transform_graph, transformed_examples)
     _check_completed(searcher)
     write_best_hyperparameters(searcher, {"best_hyperparameters": [best_hyperparameters],
                                           "tuner_results": [tuner_results]})
@@ -84,11 +85,18 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
     return searcher, clock
 
 
-def _loopline_search(tuner, config, examples, schema, label, label_kind, max_classes, work_dir):
+def _loopline_search(tuner, config, examples, schema, label, label_kind, max_classes, work_dir,
+                     transform_graph=None, transformed_examples=None):
+    """On the examples and features the Trainer trains on: the Transform's, when there is one."""
     from trainer.tuning import search
 
     kinds = None
-    if schema is not None:  # the parsing spec comes from the schema, as the Trainer's
+    if transform_graph is not None:
+        from components.transform import input_transform
+
+        kinds = input_transform(transform_graph, schema, examples, config.module_file, label).kinds
+        examples = transformed_examples
+    elif schema is not None:  # the parsing spec comes from the schema, as the Trainer's
         from trainer.features import kinds_from_schema
         from validation.schema import load_schema
 

@@ -147,7 +147,9 @@ class TransformSection(_Section):
     module_file: str | None = Field(
         None, description="A TFX module file with `preprocessing_fn(inputs)` (tf.Transform): a Transform step after "
         "SchemaGen analyzes it over the train split and applies it to every split (TFX's Transform artifacts: "
-        "`transform_graph`, `transformed_examples`); null: no Transform step.")
+        "`transform_graph`, `transformed_examples`). A run_fn trains on its output; so does loopline's own "
+        "model, whose signatures then take the raw columns and run the transform graph first (labels pass "
+        "through unchanged); null: no Transform step.")
 
 
 class LooplineConfig(_Section):

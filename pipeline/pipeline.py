@@ -209,14 +209,6 @@ def _transform(config: LooplineConfig, example_gen, statistics_gen, schema_gen):
             raise ConfigError(f"transform.module_file: no such file: {module_file}")
         if not defines_function(module_file, "preprocessing_fn"):
             raise ConfigError(f"transform.module_file: {module_file} defines no preprocessing_fn(inputs) at its top level")
-    trainer_module = config.trainer.module_file
-    if trainer_module is None or (not is_remote(trainer_module) and os.path.isfile(trainer_module)
-                                  and not defines_run_fn(trainer_module)):
-        # Rather than a Transform whose output nothing reads: loopline's own modules train on raw examples.
-        raise ConfigError("transform.module_file: the Transform's output is read by a TFX module's run_fn; "
-                          f"trainer.module_file ({trainer_module or 'null: the generic model'}) is a loopline model "
-                          "module, which trains on the raw examples: set trainer.module_file to the module file "
-                          "defining run_fn, or transform.module_file: null")
     return Transform(examples=example_gen.outputs["examples"], schema=schema_gen.outputs["schema"],
                      statistics=statistics_gen.outputs["statistics"], module_file=module_file,
                      module_sha256=_module_digest(module_file))

@@ -29,6 +29,7 @@ from trainer.evaluation import label_kinds, prediction_key, read_examples
 from trainer.export_config import ExportConfig
 from trainer.features import FeatureKinds, feature_shape, is_number, parse_examples
 from trainer.heads import CLASSIFICATION, Head
+from trainer.transform_graph import InputTransform
 from trainer import tflite
 from trainer.warmup import predict_log, write_logs, write_warmup
 
@@ -97,10 +98,13 @@ def default_head(heads: list[Head], name: str | None) -> Head:
 
 
 def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], export_dir: str,
-                       default: str | None = None) -> str:
+                       default: str | None = None, transform: InputTransform | None = None) -> str:
     """Writes the SavedModel to `export_dir` (`default`: the head behind `serving_default`,
-    None: the first); returns it."""
+    None: the first); returns it. With `transform` (a Transform step's graph), the signatures take
+    its raw features and run the graph before the model."""
     default_name = default_head(heads, default).name
+    if transform is not None:
+        kinds = transform.raw_kinds
 
     examples = [tf.TensorSpec([None], tf.string, name=names.INPUTS)]
 
@@ -110,7 +114,8 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
     # The signatures call them as concrete functions: tf.saved_model.save traces every signature
     # again inside its save context (part of tf.function's cache key), and a tf.function called
     # there would be traced again with it: the parse and the model's call built twice.
-    call_model = tf.function(lambda features: model(features, training=False), autograph=False)
+    call_model = tf.function(lambda features: model(transform(features) if transform else features, training=False),
+                             autograph=False)
     call_raw = call_model.get_concrete_function(raw_input_spec(kinds))
 
     @tf.function(input_signature=examples, autograph=False)
@@ -121,6 +126,8 @@ def export_saved_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head
 
     archive = keras.export.ExportArchive()
     archive.track(model)
+    if transform is not None:
+        archive.track(transform.layer)  # the graph's tables and vocabulary files
     methods = {}
     def serve_head(head):  # a closure: tf.function traces default arguments
         return lambda inputs: head_outputs(head, predictions(inputs)[head.name])
@@ -235,17 +242,21 @@ def signatures_of(loaded) -> dict:
 
 def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], metrics: dict[str, float],
                  serving_dir: str, artifact_dir: str, train_pattern: str, eval_pattern: str,
-                 config: ExportConfig, default: str | None = None, exported: dict | None = None) -> dict:
+                 config: ExportConfig, default: str | None = None, exported: dict | None = None,
+                 transform: InputTransform | None = None) -> dict:
     """The whole export: float32 SavedModel with warmup, TFLite variants behind the parity gate,
     and the report (`export_report.json`/`.md` in `artifact_dir`). `default`: the head behind
     `serving_default` (data.label). `exported`: which weights these are (TrainResult.exported:
-    the epoch and step, the metric that selected them). A variant over its tolerance is dropped (file removed, the miss
-    in the report); when it is one of `config.required_variants`, tflite.ParityError is raised
-    after the report is written."""
+    the epoch and step, the metric that selected them). A variant that does not convert or is
+    over its tolerance is dropped (file removed, the miss in the report); when it is one of
+    `config.required_variants`, tflite.ParityError is raised after the report is written.
+    `transform`: a Transform step's graph before the model (the patterns: raw examples)."""
     model = float32_model(model)
     if not heads:
         return _export_without_heads(model, metrics, serving_dir, artifact_dir, config)
-    export_saved_model(model, kinds, heads, serving_dir, default)
+    export_saved_model(model, kinds, heads, serving_dir, default, transform)
+    if transform is not None:
+        kinds = transform.raw_kinds  # what the signatures take
     eval_examples = read_examples(eval_pattern, config.parity_examples)
     if not eval_examples:
         raise ValueError(f"no eval examples in {eval_pattern}")
@@ -273,8 +284,12 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
     if "int8" in config.tflite_variants:
         representative = _parsed_numpy(read_examples(train_pattern, config.representative_examples), kinds)
     tf.io.gfile.makedirs(os.path.join(artifact_dir, TFLITE_DIR))
-    results = []
-    for variant, content in tflite.convert_variants(serving_dir, config.tflite_variants, representative, loaded).items():
+    results, unconvertible = [], set()
+    for variant, content in tflite.convert_each(serving_dir, config.tflite_variants, representative, loaded).items():
+        if isinstance(content, Exception):
+            results.append(tflite.VariantReport(variant, None, 0, problems=[tflite.conversion_problem(content)]))
+            unconvertible.add(variant)
+            continue
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
         write_file(path, content)
         result = tflite.check_variant(variant, content, reference, features, labels, heads,
@@ -284,9 +299,12 @@ def export_model(model: keras.Model, kinds: FeatureKinds, heads: list[Head], met
         log.info("tflite %s: %d bytes, max abs diff %s, %s", variant, result.size_bytes, result.max_abs_diff,
                  "parity ok" if result.passed else "; ".join(result.problems))
         results.append(result)
-    required = [r for r in results if not r.passed and r.variant in config.required_variants]
+    # A Transform graph's ops may be beyond TFLite's builtins: such a model's unconvertible
+    # variants are dropped, required or not; its converted ones pass the gate as any model's.
+    excused = unconvertible if transform is not None else set()
+    required = [r for r in results if not r.passed and r.variant in set(config.required_variants) - excused]
     for result in results:
-        if not result.passed and result.variant not in config.required_variants:
+        if not result.passed and result not in required:
             _drop(result)
     report["tflite"] = [r.to_json() for r in results]
     write_report(artifact_dir, report)
@@ -326,7 +344,7 @@ def _drop(result: tflite.VariantReport) -> None:
     if result.path and tf.io.gfile.exists(result.path):
         tf.io.gfile.remove(result.path)
     result.dropped = True
-    log.warning("tflite %s dropped (not in export.required_variants): %s", result.variant, "; ".join(result.problems))
+    log.warning("tflite %s dropped: %s", result.variant, "; ".join(result.problems))
 
 
 def dropped_variants(report: dict) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 
 import numpy as np
 import tensorflow as tf
@@ -68,12 +67,10 @@ def _variants(saved_model_dir: str, artifact_dir: str, signature: str, input_nam
     if "int8" in config.tflite_variants:
         representative = {input_name: np.array(read_examples(train_pattern, config.representative_examples), dtype=object)}
     results = []
-    for variant in config.tflite_variants:
-        try:
-            content = tflite.convert_variants(saved_model_dir, [variant], representative, loaded,
-                                              signature=signature)[variant]
-        except Exception as exc:  # noqa: BLE001 - an unconvertible variant is reported, never a crash
-            results.append(_dropped(variant, _conversion_problem(exc)))
+    for variant, content in tflite.convert_each(saved_model_dir, config.tflite_variants, representative, loaded,
+                                                signature=signature).items():
+        if isinstance(content, Exception):  # an unconvertible variant is reported, never a crash
+            results.append(_dropped(variant, tflite.conversion_problem(content)))
             continue
         path = os.path.join(artifact_dir, TFLITE_DIR, f"model_{variant}.tflite")
         tf.io.gfile.makedirs(os.path.dirname(path))
@@ -92,14 +89,3 @@ def _variants(saved_model_dir: str, artifact_dir: str, signature: str, input_nam
 def _dropped(variant: str, problem: str) -> tflite.VariantReport:
     log.warning("tflite %s dropped: %s", variant, problem)
     return tflite.VariantReport(variant, None, 0, problems=[problem], dropped=True)
-
-
-def _conversion_problem(exc: Exception) -> str:
-    """The converter's refusal in one line: the TensorFlow ops TFLite's builtins lack, when it names them."""
-    text = str(exc)
-    ops = sorted(set(re.findall(r"TF Select ops: ([^\n]+)", text)))
-    if ops:
-        return (f"not convertible with TFLite's builtin ops: it needs {', '.join(ops)} (TFLite select ops; the "
-                "LiteRT here has no Flex delegate to run them, so their parity cannot be checked)")
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"not convertible: {type(exc).__name__}: {first[:300]}"

@@ -8,6 +8,7 @@ not frozen, read back as garbage through READ_VARIABLE) as well as too lossy qua
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import time
 from contextlib import contextmanager
@@ -69,6 +70,33 @@ def convert_variants(saved_model_dir: str, variants: list[str],
                 _set_variant(converter, variant, representative)
                 out[variant] = converter.convert()
     return out
+
+
+def convert_each(saved_model_dir: str, variants: list[str], representative: dict[str, np.ndarray] | None = None,
+                 loaded=None, signature: str = SIGNATURE) -> dict[str, bytes | Exception]:
+    """convert_variants, and where that fails, each variant on its own: {variant: its bytes, or
+    the converter's exception}, never a raise (an unconvertible variant is reported, not a crash)."""
+    try:
+        return convert_variants(saved_model_dir, variants, representative, loaded, signature)
+    except Exception:  # noqa: BLE001 - which variant failed is found below
+        out = {}
+        for variant in variants:
+            try:
+                out[variant] = convert_variants(saved_model_dir, [variant], representative, loaded, signature)[variant]
+            except Exception as exc:  # noqa: BLE001
+                out[variant] = exc
+        return out
+
+
+def conversion_problem(exc: Exception) -> str:
+    """The converter's refusal in one line: the TensorFlow ops TFLite's builtins lack, when it names them."""
+    text = str(exc)
+    ops = sorted(set(re.findall(r"TF Select ops: ([^\n]+)", text)))
+    if ops:
+        return (f"not convertible with TFLite's builtin ops: it needs {', '.join(ops)} (TFLite select ops; the "
+                "LiteRT here has no Flex delegate to run them, so their parity cannot be checked)")
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"not convertible: {type(exc).__name__}: {first[:300]}"
 
 
 @contextmanager
