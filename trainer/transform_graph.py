@@ -39,10 +39,9 @@ class InputTransform:
         self.layer = output.transform_features_layer()  # the export tracks it: its tables and vocabularies
         raw_spec = output.raw_feature_spec()
         transformed_kinds = kinds_from_schema(output.transformed_metadata.schema)
-        self._raw_spec = {column: spec for column, spec in raw_spec.items() if column in raw_kinds}
         serialized = tf.constant(examples)
         _check_labels_pass_through(self.layer, raw_spec, labels, serialized)
-        features = {c: s for c, s in self._raw_spec.items() if c not in labels}
+        features = {c: s for c, s in raw_spec.items() if c in raw_kinds and c not in labels}
         outputs = self._outputs(features, serialized)
         self.input_kinds = {c: k for c, k in sorted(transformed_kinds.items()) if c in outputs and c not in labels}
         if not self.input_kinds:
