@@ -162,7 +162,7 @@ def _slices() -> dict:
 
 def _write_blessing(folder: Path, slices: dict | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "blessing.json").write_text(json.dumps({"blessed": True, "reasons": [f"ok {HOSTILE}"],
+    (folder / "blessing.json").write_text(json.dumps({"blessed": True, "reasons": [f"ok {HOSTILE}", "the split's prior"],
                                                       "candidate": {"species_accuracy": 0.9}, "champion": None,
                                                       "champion_path": None, "failed": [], "trivial": {}}))
     if slices is not None:
@@ -182,6 +182,7 @@ def test_a_card_with_slices_shows_each_slice_and_escapes_what_the_data_says(tmp_
     assert "island=Biscoe" in page and 'id="no-slices"' not in page
     markdown = (tmp_path / "card" / "model_card.md").read_text()
     assert "<script" not in markdown.lower() and "| island=Biscoe | 60 | True |" in markdown
+    assert "- the split's prior" in markdown  # quotes stay as they are: only tags need escaping
     width, height = _png_size((tmp_path / "card" / "calibration.png").read_bytes())
     assert width > 200 and height > 200
 

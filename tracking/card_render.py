@@ -122,8 +122,9 @@ def _environment() -> jinja2.Environment:
 
 
 def cell(value) -> str:
-    """A Markdown table cell: escaped for HTML (Markdown passes HTML through) and for the table."""
-    return html.escape(number(value)).replace("|", "\\|").replace("\n", " ")
+    """A Markdown table cell: escaped for HTML (Markdown passes HTML through: <, > and &; quotes
+    only matter inside a tag, and escaped they would show as &#x27; in the file) and for the table."""
+    return html.escape(number(value), quote=False).replace("|", "\\|").replace("\n", " ")
 
 
 def _md_table(header: list[str], rows: list[list]) -> list[str]:
