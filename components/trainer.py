@@ -60,17 +60,12 @@ def Trainer(
         from trainer.tuning import with_values
 
         config = with_values(config, tuned)
-    kinds, transform, train_on = None, None, examples
-    if transform_graph is not None:  # loopline's model on the Transform's output, its graph in the signatures
-        from components.transform import input_transform
+    from components.transform import training_inputs
 
-        transform = input_transform(transform_graph, schema, examples, config.module_file, label)
-        kinds, train_on = transform.kinds, transformed_examples
-    elif schema is not None:  # the parsing spec comes from the schema, not from sampling the data
-        from trainer.features import kinds_from_schema
-        from validation.schema import load_schema
-
-        kinds = kinds_from_schema(load_schema(schema.uri))
+    # The parsing spec comes from the schema, not from sampling the data; behind a Transform, the
+    # model trains on its examples, its graph in the signatures.
+    train_on, kinds, transform = training_inputs(examples, schema, transform_graph, transformed_examples,
+                                                 config.module_file, label)
     from tracking.training_run import TAG_MODEL_URI, start_training_run
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)

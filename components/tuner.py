@@ -88,19 +88,11 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
 def _loopline_search(tuner, config, examples, schema, label, label_kind, max_classes, work_dir,
                      transform_graph=None, transformed_examples=None):
     """On the examples and features the Trainer trains on: the Transform's, when there is one."""
+    from components.transform import training_inputs
     from trainer.tuning import search
 
-    kinds = None
-    if transform_graph is not None:
-        from components.transform import input_transform
-
-        kinds = input_transform(transform_graph, schema, examples, config.module_file, label).kinds
-        examples = transformed_examples
-    elif schema is not None:  # the parsing spec comes from the schema, as the Trainer's
-        from trainer.features import kinds_from_schema
-        from validation.schema import load_schema
-
-        kinds = kinds_from_schema(load_schema(schema.uri))
+    examples, kinds, _ = training_inputs(examples, schema, transform_graph, transformed_examples,
+                                         config.module_file, label)
     return search(config, tuner, split_pattern(examples, TRAIN_SPLIT), label, work_dir, kinds=kinds,
                   label_kind=label_kind, max_classes=max_classes or None)
 
