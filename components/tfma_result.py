@@ -30,7 +30,7 @@ def write_eval_result(folder: str, report: dict, config, heads: list[str], candi
     compared = any(s["champion"] for s in report["slices"])
     locations = {CANDIDATE: candidate_path, **({BASELINE: champion_path} if compared and champion_path else {})}
     with tf.io.gfile.GFile(os.path.join(folder, "eval_config.json"), "w") as f:
-        f.write(eval_run_json(eval_config(config, compared), data_location, locations))
+        f.write(eval_run_json(eval_config(config, compared, report.get("_heads", {})), data_location, locations))
     kinds = report.get("_kinds", {})
     with tf.io.TFRecordWriter(os.path.join(folder, "metrics-00000-of-00001.tfrecord")) as writer:
         for entry in report["slices"]:
@@ -143,9 +143,10 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
     return out
 
 
-def eval_config(config, compared: bool):
+def eval_config(config, compared: bool, heads: dict[str, str] | None = None):
     """The EvalConfig this evaluation is equivalent to: the models, the slicing specs (overall first;
-    loopline's buckets have no TFMA field and are left out of the spec), the per-slice thresholds."""
+    loopline's buckets have no TFMA field and are left out of the spec), the per-slice thresholds
+    and metrics_specs' (on the overall slice, named by loopline's figures; `heads`: name -> kind)."""
     from tensorflow_model_analysis.proto import config_pb2
 
     specs = [config_pb2.ModelSpec(name=CANDIDATE, signature_name=config.signature_name, label_key=config.label_key or "")]
@@ -154,7 +155,7 @@ def eval_config(config, compared: bool):
     out = config_pb2.EvalConfig(model_specs=specs, slicing_specs=[config_pb2.SlicingSpec()])
     out.slicing_specs.extend(tfma_slicing_spec(s) for s in config.slicing_specs)
     metrics = out.metrics_specs.add()
-    for t in config.slice_thresholds:
+    for t in [*config.slice_thresholds, *config.metric_thresholds(heads or {})]:
         threshold = config_pb2.MetricThreshold()
         if t.value_threshold is not None:
             for bound in ("lower_bound", "upper_bound"):

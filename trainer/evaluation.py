@@ -201,9 +201,14 @@ class RunningEvaluation:
 
 def as_probabilities(scores: tf.Tensor) -> tf.Tensor:
     """A foreign classifier's scores as probabilities: kept when every row is one (values in [0, 1]
-    summing to 1), else read as logits (a Keras model compiled `from_logits=True`, TFX's penguin)."""
-    rows_sum_to_one = tf.reduce_all(tf.abs(tf.reduce_sum(scores, axis=-1) - 1.0) < 1e-3)
+    summing to 1), else read as logits (a Keras model compiled `from_logits=True`, TFX's penguin).
+    One column (a binary classifier's, model_spec): the probability of class 1 when every value is
+    in [0, 1], else its logit; answered as the two classes' `[1 - p, p]`."""
     in_range = tf.reduce_all((scores >= 0.0) & (scores <= 1.0))
+    if scores.shape[-1] == 1:
+        p = tf.cond(in_range, lambda: scores, lambda: tf.sigmoid(scores))
+        return tf.concat([1.0 - p, p], axis=-1)
+    rows_sum_to_one = tf.reduce_all(tf.abs(tf.reduce_sum(scores, axis=-1) - 1.0) < 1e-3)
     return tf.cond(rows_sum_to_one & in_range, lambda: scores, lambda: tf.nn.softmax(scores, axis=-1))
 
 

@@ -35,11 +35,20 @@ class SlicingSpec(Section):
         return self
 
 
+def _unwrapped(values):
+    """TFMA's bounds as its Python protos take them, `{value: 0.6}` (DoubleValue), also read as 0.6."""
+    if isinstance(values, dict):
+        return {k: v["value"] if isinstance(v, dict) and set(v) == {"value"} else v for k, v in values.items()}
+    return values
+
+
 class ValueThreshold(Section):
     """TFMA's GenericValueThreshold: the metric must lie in [lower_bound, upper_bound]."""
 
     lower_bound: float | None = Field(None, description="The metric must be at least this; null: no lower bound.")
     upper_bound: float | None = Field(None, description="The metric must be at most this; null: no upper bound.")
+
+    _tfma_bounds = model_validator(mode="before")(_unwrapped)
 
 
 class ChangeThreshold(Section):
@@ -52,6 +61,15 @@ class ChangeThreshold(Section):
                                    "at most 0.05 worse); null: none.")
     relative: float | None = Field(None, description="Bound on (candidate - champion) / champion; null: none.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tfma_form(cls, values):
+        """TFMA's spelling too: `{value: -1e-10}` bounds and MetricDirection's HIGHER_IS_BETTER."""
+        values = _unwrapped(values)
+        if isinstance(values, dict) and isinstance(values.get("direction"), str):
+            values = {**values, "direction": values["direction"].lower()}
+        return values
+
 
 class SliceThreshold(Section):
     """TFMA's PerSliceMetricThreshold: one metric's thresholds on the slices of the given specs."""
@@ -62,6 +80,56 @@ class SliceThreshold(Section):
     value_threshold: ValueThreshold | None = Field(None, description="Absolute bounds on the slice's metric.")
     change_threshold: ChangeThreshold | None = Field(None, description="Bounds on its change against the champion's "
                                                      "on the same slice (not judged when there is no champion).")
+
+
+# TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
+# with the head kind it exists for (None: any). A class name outside this table is refused.
+TFMA_METRICS = {
+    "ExampleCount": ("examples", None),
+    "BinaryAccuracy": ("accuracy", "classification"), "Accuracy": ("accuracy", "classification"),
+    "CategoricalAccuracy": ("accuracy", "classification"), "SparseCategoricalAccuracy": ("accuracy", "classification"),
+    "AUC": ("auc", "classification"),
+    "BinaryCrossentropy": ("loss", "classification"), "CategoricalCrossentropy": ("loss", "classification"),
+    "SparseCategoricalCrossentropy": ("loss", "classification"),
+    "RootMeanSquaredError": ("rmse", "regression"), "MeanAbsoluteError": ("mae", "regression"),
+}
+# Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC"})
+
+
+class MetricThreshold(Section):
+    """TFMA's MetricThreshold."""
+
+    value_threshold: ValueThreshold | None = Field(None, description="Absolute bounds on the metric.")
+    change_threshold: ChangeThreshold | None = Field(None, description="Bounds on its change against the champion's "
+                                                     "(not judged when there is no champion).")
+
+
+class MetricConfig(Section):
+    """TFMA's MetricConfig: a metric by its class name, and its threshold."""
+
+    class_name: str = Field(description=f"One of {', '.join(TFMA_METRICS)}.")
+    threshold: MetricThreshold | None = Field(None, description="Gates the overall figure (whatever its examples).")
+
+    @model_validator(mode="after")
+    def _known(self):
+        if self.class_name not in TFMA_METRICS:
+            raise ValueError(f"metric class_name {self.class_name!r} is not computed by loopline's Evaluator; "
+                             f"it computes {', '.join(TFMA_METRICS)}")
+        return self
+
+    def figure(self, head: str, kind: str) -> str:
+        """The metric's name among a head's figures; for a head of another kind a name no figure has
+        (its threshold then refuses the candidate, naming it)."""
+        figure, for_kind = TFMA_METRICS[self.class_name]
+        return f"{head}_{figure}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
+
+
+class MetricsSpec(Section):
+    """TFMA's MetricsSpec: its metrics apply to every head."""
+
+    metrics: list[MetricConfig] = Field(default_factory=list, description="The metrics, e.g. [{class_name: "
+                                        "BinaryAccuracy, threshold: {value_threshold: {lower_bound: 0.6}}}].")
 
 
 class EvaluatorConfig(Section):
@@ -105,6 +173,11 @@ class EvaluatorConfig(Section):
         "called on the serialized tf.Examples, in order, whose outputs hold evaluator.label_key (TFX's "
         "`transform_features` answering a label the Transform made, e.g. species_xf); []: the label is read from the "
         "examples.")
+    metrics_specs: list[MetricsSpec] = Field(
+        default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
+        "...; each one of the Evaluator's own figures) and their thresholds, gated on the overall slice. A binary "
+        "metric named (BinaryAccuracy, BinaryCrossentropy, AUC) reads a model's one-column output as the "
+        "probability (or logit) of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
     slicing_specs: list[SlicingSpec] = Field(
@@ -119,3 +192,15 @@ class EvaluatorConfig(Section):
                               "champion on regression_metrics, as the overall figures are.")
     slice_relative_tolerance: float | None = Field(None, ge=0, description="The slices' relative_tolerance; null: relative_tolerance.")
     slice_absolute_tolerance: float | None = Field(None, ge=0, description="The slices' absolute_tolerance; null: absolute_tolerance.")
+
+    @property
+    def binary(self) -> bool:
+        """Whether metrics_specs names a binary metric (a one-column output is then a classifier's)."""
+        return any(m.class_name in BINARY_METRICS for spec in self.metrics_specs for m in spec.metrics)
+
+    def metric_thresholds(self, heads: dict[str, str]) -> list[SliceThreshold]:
+        """metrics_specs' thresholds as thresholds on the overall slice, one per head (`heads`: name -> kind)."""
+        return [SliceThreshold(metric=metric.figure(head, kind), value_threshold=metric.threshold.value_threshold,
+                               change_threshold=metric.threshold.change_threshold)
+                for spec in self.metrics_specs for metric in spec.metrics if metric.threshold is not None
+                for head, kind in heads.items()]

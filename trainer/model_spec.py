@@ -4,7 +4,9 @@ and the label its one output predicts (`evaluator.label_key`), read from the exa
 `evaluator.preprocessing_function_names`, from what those signatures of the model answer (TFX's
 `transform_features`: a label the Transform made, such as `species_xf`). An output of k >= 2
 columns is a classifier of the whole-number labels 0..k-1 (scores that are not probabilities are
-read as logits); one column is a regression of the label."""
+read as logits); one column is a regression of the label, or, where the config names a binary
+metric as TFMA's metrics_specs do (`binary`), the probability (or logit) of the label 1 (TFX's
+taxi model: one sigmoid unit)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -19,15 +21,15 @@ _LABEL_DTYPES = {"int64_list": "int64", "float_list": "float32", "bytes_list": "
 
 
 def describe_model(saved_model_dir: str, label_key: str, signature_name: str, eval_pattern: str,
-                   preprocessing: list[str] = ()) -> dict:
+                   preprocessing: list[str] = (), binary: bool = False) -> dict:
     """loopline's own description of its exports (read_description), else the ModelSpec's."""
     if is_loopline_export(saved_model_dir):
         return read_description(saved_model_dir)
-    return model_spec_description(saved_model_dir, label_key, signature_name, eval_pattern, preprocessing)
+    return model_spec_description(saved_model_dir, label_key, signature_name, eval_pattern, preprocessing, binary)
 
 
 def model_spec_description(saved_model_dir: str, label_key: str, signature_name: str, eval_pattern: str,
-                           preprocessing: list[str] = ()) -> dict:
+                           preprocessing: list[str] = (), binary: bool = False) -> dict:
     """The description RunningEvaluation reads: one head named after `label_key`, and under
     `model_spec` the signature, its serialized-examples input, the head's output and the
     `preprocessing` signatures the label is read from (none: from the examples)."""
@@ -44,11 +46,12 @@ def model_spec_description(saved_model_dir: str, label_key: str, signature_name:
     width = spec.shape[-1] if spec.shape.rank == 2 else 1
     label_dtype = (_preprocessed_label_dtype(signatures, preprocessing, eval_pattern, label_key) if preprocessing
                    else _label_dtype(eval_pattern, label_key))
-    if width >= 2:
+    if width >= 2 or binary:
+        classes = max(width, 2)  # binary: one column, the probability of 1
         if label_dtype == "string":
-            raise ValueError(f"evaluator.label_key '{label_key}' holds strings; a model that answers {width} scores "
-                             f"is read as a classifier of the whole numbers 0..{width - 1}")
-        head = Head(label_key, CLASSIFICATION, vocabulary=[str(i) for i in range(width)], label_dtype=label_dtype)
+            raise ValueError(f"evaluator.label_key '{label_key}' holds strings; a model that answers {width} "
+                             f"score{'s' * (width > 1)} is read as a classifier of the whole numbers 0..{classes - 1}")
+        head = Head(label_key, CLASSIFICATION, vocabulary=[str(i) for i in range(classes)], label_dtype=label_dtype)
     else:
         head = Head(label_key, REGRESSION, label_dtype=label_dtype)
     return {"features": {}, "heads": [head.to_json()],

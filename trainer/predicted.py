@@ -16,6 +16,16 @@ from trainer.inputs import read_once, record_dataset
 EVAL_PREDICTIONS = "eval_predictions"  # the baseline split holding them
 
 
+def predicted_classes(scores: np.ndarray) -> np.ndarray:
+    """Each row's class index from `[rows, classes]` scores; one column (a binary classifier's,
+    trainer.model_spec) is the probability of class 1 when every value is in [0, 1], else its
+    logit (trainer.evaluation.as_probabilities' rule), so class 1 above 0.5, or above 0."""
+    if scores.shape[1] == 1:
+        threshold = 0.5 if np.all((scores >= 0.0) & (scores <= 1.0)) else 0.0
+        return (scores[:, 0] > threshold).astype(np.int64)
+    return np.argmax(scores, axis=1)
+
+
 def predicted_examples(predicted: dict[str, np.ndarray], heads: list[Head]) -> list[example_pb2.Example]:
     """{head: scores [rows, classes] or values [rows, 1]} -> one example per row, keyed by label column."""
     rows = max((len(a) for a in predicted.values()), default=0)
@@ -23,12 +33,14 @@ def predicted_examples(predicted: dict[str, np.ndarray], heads: list[Head]) -> l
     for head in heads:
         if head.name not in predicted:
             continue
-        for example, values in zip(out, predicted[head.name]):
+        values = np.asarray(predicted[head.name]).reshape(len(predicted[head.name]), -1)
+        classes = predicted_classes(values) if head.kind == CLASSIFICATION else None
+        for i, example in enumerate(out[:len(values)]):
             feature = example.features.feature[head.label_column]
-            if head.kind == CLASSIFICATION:
-                feature.bytes_list.value.append(head.vocabulary[int(np.argmax(values))].encode())
+            if classes is not None:
+                feature.bytes_list.value.append(head.vocabulary[int(classes[i])].encode())
             else:
-                feature.float_list.value.append(float(np.reshape(values, -1)[0]))
+                feature.float_list.value.append(float(values[i, 0]))
     return out
 
 
@@ -43,7 +55,7 @@ def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head]) -> pa
         rows = len(values)
         if head.kind == CLASSIFICATION:
             names = np.array([v.encode() for v in head.vocabulary], dtype=object)
-            flat = pa.array(names[np.argmax(values.reshape(rows, -1), axis=1)], pa.large_binary())
+            flat = pa.array(names[predicted_classes(values.reshape(rows, -1))], pa.large_binary())
         else:
             flat = pa.array(values.reshape(rows, -1)[:, 0].astype(np.float32), pa.float32())
         columns[head.label_column] = pa.LargeListArray.from_arrays(pa.array(np.arange(rows + 1), pa.int64()), flat)

@@ -1,7 +1,8 @@
 """The per-slice figures (slices.json, trainer.slicing.SLICES_JSON) and their gates: the default
 guard (each slice of at least `evaluator.min_slice_size` examples compared with the champion on
-`evaluator.regression_metrics`, as the overall figures are) and `evaluator.slice_thresholds` with
-TFMA's MetricThreshold semantics. Fail closed: a gated metric the candidate lacks refuses it."""
+`evaluator.regression_metrics`, as the overall figures are), `evaluator.slice_thresholds` with
+TFMA's MetricThreshold semantics, and `evaluator.metrics_specs`' thresholds on the overall slice.
+Fail closed: a gated metric the candidate lacks refuses it."""
 from __future__ import annotations
 
 import math
@@ -26,7 +27,8 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
                        "_key": key})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
-            "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {})}
+            "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {}),
+            "_heads": {head.name: head.kind for head in candidate.heads}}
 
 
 def _spec_index(config: EvaluatorConfig, key) -> int:
@@ -37,8 +39,10 @@ def gate(report: dict, config: EvaluatorConfig, champion_compared: bool) -> list
     """The report's gates (also left in report["gates"]), each {slice, metric, candidate, champion,
     bound, passed, text}. `champion_compared`: the overall comparison with the champion took place
     (no champion, or one that could not be compared, leaves only the value thresholds)."""
-    gates = []
+    gates, overall = [], config.metric_thresholds(report.get("_heads", {}))
     for entry in report["slices"]:
+        if not entry["_key"]:  # TFMA's metrics_specs gate the overall figures, whatever their examples
+            gates += [g for threshold in overall for g in _threshold(entry, threshold, champion_compared)]
         judged = entry["examples"] >= config.min_slice_size
         if config.slice_guard and champion_compared and entry["_key"] and judged:
             gates += [_guard(entry, metric, config) for metric in config.regression_metrics]
@@ -104,5 +108,5 @@ def _within(measure: float, limit: float, direction: str) -> bool:
 
 def public(report: dict) -> dict:
     """The report as written (slices.json): without what is kept for matching and TFMA's slice keys."""
-    return {**{k: v for k, v in report.items() if k != "_kinds"},
+    return {**{k: v for k, v in report.items() if not k.startswith("_")},
             "slices": [{k: v for k, v in s.items() if k != "_key"} for s in report["slices"]]}

@@ -1,0 +1,137 @@
+"""TFMA's metrics_specs in the Evaluator, and a binary classifier that answers one column (TFX's
+taxi model: one sigmoid unit, or a logit): with a binary metric named, as TFX's taxi pipeline
+names BinaryAccuracy, the column is read as the probability of the label 1 and the figures are a
+classifier's (checked against scikit-learn's on the same rows); the metrics' thresholds gate the
+overall figures as TFMA's do, with and without a champion."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from pydantic import ValidationError
+from sklearn.metrics import log_loss, roc_auc_score
+
+from trainer.blessing import evaluate_and_decide
+from trainer.evaluator_config import EvaluatorConfig
+from trainer.model_spec import describe_model
+from trainer.predicted import signature_columns
+
+LABEL = "tips"
+# TFX's taxi pipeline's threshold, as its Python code writes it (DoubleValue bounds, the enum's name).
+TAXI_ACCURACY = {"class_name": "BinaryAccuracy", "threshold": {
+    "value_threshold": {"lower_bound": {"value": 0.6}},
+    "change_threshold": {"direction": "HIGHER_IS_BETTER", "absolute": {"value": -1e-10}}}}
+
+
+def write_split(path, x: np.ndarray, y: np.ndarray) -> str:
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as writer:
+        for value, label in zip(x, y):
+            example = tf.train.Example()
+            example.features.feature["x"].float_list.value.append(float(value))
+            example.features.feature[LABEL].int64_list.value.append(int(label))
+            writer.write(example.SerializeToString())
+    return str(path)
+
+
+def one_column_model(path, weight: float, bias: float, logits: bool) -> str:
+    """A SavedModel as a TFX run_fn saves one: `serving_default` parses serialized tf.Examples and
+    answers one column, sigmoid(weight * x + bias) or that logit."""
+    module = tf.Module()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def serve(examples):
+        x = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([1], tf.float32)})["x"]
+        logit = weight * x + bias
+        return {"output_0": logit if logits else tf.sigmoid(logit)}
+
+    module.serve = serve
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def taxi_like(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one_column")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=600).astype(np.float32)
+    y = (x + rng.normal(scale=0.8, size=600) > 0.3).astype(np.int64)
+    return {"root": root, "x": x[400:], "y": y[400:], "train": write_split(root / "train.gz", x[:400], y[:400]),
+            "eval": write_split(root / "eval.gz", x[400:], y[400:])}
+
+
+def evaluate(data, candidate: str, champion: str | None = None, answers=None, **keys):
+    config = EvaluatorConfig(label_key=LABEL, compare_to_champion=champion is not None, **keys)
+    return evaluate_and_decide(candidate, data["eval"], champion, config, train_pattern=data["train"],
+                               candidate_answers=answers, describe=lambda path: describe_model(
+                                   path, config.label_key, config.signature_name, data["eval"],
+                                   config.preprocessing_function_names, config.binary))
+
+
+@pytest.mark.parametrize("logits", [False, True], ids=["sigmoid", "logit"])
+def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_like, logits):
+    model = one_column_model(taxi_like["root"] / f"model_{logits}", 2.0, -0.5, logits)
+    p = 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    y = taxi_like["y"]
+    answers = []
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [TAXI_ACCURACY, {"class_name": "AUC"}]}],
+                        answers=lambda answer, rows, candidate: answers.append(
+                            signature_columns(answer, rows, candidate.heads, candidate.output_keys)))
+    figures = decision.candidate
+    assert figures[f"{LABEL}_accuracy"] == pytest.approx(np.mean((p > 0.5) == y), abs=1e-9)
+    assert figures[f"{LABEL}_loss"] == pytest.approx(log_loss(y, p), rel=1e-4)
+    overall = decision.slices_json()["slices"][0]
+    assert overall["slice"] == "Overall"
+    assert overall["candidate"][f"{LABEL}_auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
+    assert overall["confusion"][LABEL]["matrix"] == [[int(np.sum((p <= 0.5) & (y == c))), int(np.sum((p > 0.5) & (y == c)))]
+                                                    for c in (0, 1)]
+    # The trivial floor is the train split's class priors, not a mean: its loss is a log loss.
+    assert decision.trivial[f"{LABEL}_loss"] > 0.6
+    # The predictions recorded for monitoring are classes, "1" where p > 0.5.
+    predicted = [v.decode() for batch in answers for v in batch.column(LABEL).flatten().to_pylist()]
+    assert predicted == ["1" if v > 0.5 else "0" for v in p]
+    assert decision.blessed, decision.summary()
+    assert any("tips_accuracy" in r and "in [0.6, inf]" in r for r in decision.reasons), decision.reasons
+
+
+def test_without_a_binary_metric_one_column_stays_a_regression(taxi_like):
+    model = one_column_model(taxi_like["root"] / "regression", 2.0, -0.5, False)
+    figures = evaluate(taxi_like, model).candidate
+    assert f"{LABEL}_rmse" in figures and f"{LABEL}_accuracy" not in figures
+
+
+def test_metric_thresholds_gate_the_overall_figures_and_the_change_against_the_champion(taxi_like):
+    good = one_column_model(taxi_like["root"] / "good", 2.0, -0.5, False)
+    poor = one_column_model(taxi_like["root"] / "poor", 0.2, 0.4, False)
+    specs = [{"metrics": [TAXI_ACCURACY]}]
+    refused = evaluate(taxi_like, good, metrics_specs=[{"metrics": [
+        {"class_name": "BinaryAccuracy", "threshold": {"value_threshold": {"lower_bound": 0.99}}}]}])
+    assert not refused.blessed
+    assert any(f.startswith("slice Overall: tips_accuracy") and "in [0.99, inf]" in f for f in refused.failed), refused.failed
+    assert evaluate(taxi_like, good, poor, metrics_specs=specs).blessed
+    worse = evaluate(taxi_like, poor, good, metrics_specs=specs, relative_tolerance=1.0, absolute_tolerance=1.0)
+    assert not worse.blessed  # within the loss tolerance, but not TFMA's change threshold on accuracy
+    assert [f for f in worse.failed if "vs champion" in f and "tips_accuracy" in f], worse.failed
+
+
+def test_the_thresholds_are_in_tfma_s_eval_config():
+    from components.tfma_result import eval_config
+
+    config = EvaluatorConfig(metrics_specs=[{"metrics": [TAXI_ACCURACY]}])
+    written = eval_config(config, True, {LABEL: "classification"})
+    threshold = written.metrics_specs[0].per_slice_thresholds[f"{LABEL}_accuracy"].thresholds[0].threshold
+    assert threshold.value_threshold.lower_bound.value == 0.6
+    assert threshold.change_threshold.absolute.value == -1e-10
+
+
+def test_a_metric_of_another_head_kind_refuses_naming_it(taxi_like):
+    model = one_column_model(taxi_like["root"] / "kinds", 2.0, -0.5, False)
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [
+        {"class_name": "RootMeanSquaredError", "threshold": {"value_threshold": {"upper_bound": 1.0}}},
+        {"class_name": "BinaryAccuracy"}]}])
+    assert not decision.blessed
+    assert any("tips_RootMeanSquaredError not computed for the candidate" in f for f in decision.failed), decision.failed
+
+
+def test_a_metric_loopline_does_not_compute_is_refused_by_name():
+    with pytest.raises(ValidationError, match="class_name 'MeanSquaredLogarithmicError' is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MeanSquaredLogarithmicError"}]}])
+    with pytest.raises(ValidationError, match="binarize"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [], "binarize": {"top_k_list": [1]}}])
