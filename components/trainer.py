@@ -64,8 +64,8 @@ def Trainer(
 
     # The parsing spec comes from the schema, not from sampling the data; behind a Transform, the
     # model trains on its examples, its graph in the signatures.
-    train_on, kinds, transform = training_inputs(examples, schema, transform_graph, transformed_examples,
-                                                 config.module_file, label)
+    train_on, kinds, transform, config = training_inputs(examples, schema, transform_graph, transformed_examples,
+                                                         config, label)
     from tracking.training_run import TAG_MODEL_URI, start_training_run
 
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)

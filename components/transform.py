@@ -105,22 +105,24 @@ def _write_split(raw_dataset, transform_fn, split: str, split_dir: str) -> None:
                                                         file_name_suffix=".gz"))
 
 
-def training_inputs(examples, schema, transform_graph, transformed_examples, module_file: str | None, label: str):
+def training_inputs(examples, schema, transform_graph, transformed_examples, config, label: str):
     """What loopline's own model trains on, for the Trainer and loopline's search alike: (the
-    examples, their feature kinds, the transform graph in front of the model or None). With a
-    Transform step: its examples and features, the graph checked on the first 1,000 raw train
-    examples (trainer.transform_graph). Without: ExampleGen's, their kinds from the schema (None
+    examples, their feature kinds, the transform graph in front of the model or None, the trainer
+    config to train with). With a Transform step: its examples and features, the graph checked on
+    the first 1,000 raw train examples (trainer.transform_graph), and its categorical outputs added
+    to `trainer.categorical_features`. Without: ExampleGen's, their kinds from the schema (None
     without a schema: inferred from the data)."""
     from trainer.features import kinds_from_schema
     from validation.schema import load_schema
 
     if transform_graph is None:
-        return examples, None if schema is None else kinds_from_schema(load_schema(schema.uri)), None
+        return examples, None if schema is None else kinds_from_schema(load_schema(schema.uri)), None, config
     from trainer.evaluation import read_examples
     from trainer.model import label_names, load_module
     from trainer.transform_graph import InputTransform
 
     transform = InputTransform(transform_graph.uri, kinds_from_schema(load_schema(schema.uri)),
-                               label_names(load_module(module_file), label),
+                               label_names(load_module(config.module_file), label),
                                read_examples(split_pattern(examples, TRAIN_SPLIT), 1000))
-    return transformed_examples, transform.kinds, transform
+    categorical = sorted({*config.categorical_features, *transform.categorical})
+    return transformed_examples, transform.kinds, transform, config.model_copy(update={"categorical_features": categorical})

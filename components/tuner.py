@@ -91,8 +91,7 @@ def _loopline_search(tuner, config, examples, schema, label, label_kind, max_cla
     from components.transform import training_inputs
     from trainer.tuning import search
 
-    examples, kinds, _ = training_inputs(examples, schema, transform_graph, transformed_examples,
-                                         config.module_file, label)
+    examples, kinds, _, config = training_inputs(examples, schema, transform_graph, transformed_examples, config, label)
     return search(config, tuner, split_pattern(examples, TRAIN_SPLIT), label, work_dir, kinds=kinds,
                   label_kind=label_kind, max_classes=max_classes or None)
 

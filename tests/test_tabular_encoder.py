@@ -63,3 +63,45 @@ def test_numbers_take_four_ops_per_column_and_a_few_in_all():
     two, eight = ([t for t in _op_types(n) if t in computing] for n in (2, 8))
     assert len(eight) - len(two) == 4 * 6
     assert len(eight) == 4 * 8 + 5
+
+
+def test_categorical_number_columns_are_one_hot_or_looked_up_as_text_columns_are():
+    """trainer.categorical_features: codes counted as categories ("3"), one-hot under 31 values,
+    an index for ColumnEmbeddings over 30; a missing (NaN) or unseen code matches none, and the
+    same codes written as text encode to the same vector."""
+    import keras
+    import pytest
+
+    from trainer.features import MAX_ONE_HOT, compute_stats
+
+    rng = np.random.default_rng(1)
+    n = 400
+    few, many = rng.integers(1, 4, (n, 1)).astype(np.float32), rng.integers(0, 3 * MAX_ONE_HOT, (n, 1)).astype(np.float32)
+    few[::9] = np.nan
+    kinds = {"pclass": "int64", "zone": "int64", "fare": "float32"}
+    batch = {"pclass": few, "zone": many, "fare": rng.normal(size=(n, 1)).astype(np.float32)}
+    stats = compute_stats([batch], kinds, categorical=["pclass", "zone"])
+    assert sorted(stats.strings["pclass"]) == ["1", "2", "3"] and stats.missing["pclass"] == len(few[::9])
+    assert len(stats.lookups["zone"]) == len(np.unique(many)) > MAX_ONE_HOT
+    assert set(stats.numbers) == {"fare"}
+
+    encoder = TabularEncoder(stats.numbers, stats.strings, stats.lookups, stats.categorical)
+    rows = {"pclass": np.array([[1.0], [3.0], [np.nan], [7.0]], np.float32),
+            "zone": np.array([[float(stats.lookups["zone"][0])], [float(stats.lookups["zone"][5])], [np.nan], [-5.0]],
+                             np.float32),
+            "fare": np.zeros((4, 1), np.float32)}
+    encoded = encoder(rows).numpy()
+    one_hot, index = encoded[:, 2:5], encoded[:, 5]
+    vocabulary = stats.strings["pclass"]
+    assert one_hot[0].tolist() == [float(v == "1") for v in vocabulary]
+    assert one_hot[1].tolist() == [float(v == "3") for v in vocabulary]
+    assert one_hot[2].tolist() == one_hot[3].tolist() == [0.0, 0.0, 0.0]  # missing, unseen
+    assert index.tolist() == [1.0, 6.0, 0.0, 0.0]
+    as_text = TabularEncoder({}, {"pclass": vocabulary}, {"zone": stats.lookups["zone"]})(
+        {"pclass": np.array([["1"], ["3"], [""], ["7"]]),
+         "zone": np.array([[stats.lookups["zone"][0]], [stats.lookups["zone"][5]], [""], ["-5"]])}).numpy()
+    np.testing.assert_array_equal(as_text, encoded[:, 2:])
+    restored = keras.layers.deserialize(keras.layers.serialize(encoder))
+    np.testing.assert_array_equal(restored(rows).numpy(), encoded)
+    with pytest.raises(ValueError, match="feature 'fare' is categorical .* holds 0.5, not a whole number"):
+        compute_stats([{"fare": np.array([[0.5]], np.float32)}], {"fare": "float32"}, categorical=["fare"])

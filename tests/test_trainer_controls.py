@@ -390,3 +390,16 @@ def test_the_modules_hooks_are_converted_by_autograph_though_the_loops_own_step_
     # From step 3 the head weighs 0: what is left is the probe's own loss (its value before the step).
     assert loss[2:] == pytest.approx([probe[s - 1] for s in sorted(probe)[2:]], abs=1e-5)
     assert result.metrics["target_mse"] > 0
+
+
+def test_categorical_features_reach_the_encoder_and_bad_names_are_refused(penguins):
+    """trainer.categorical_features: a number column (penguins' year: 2007-2009) is one-hot in the
+    trained model's encoder, not standardized; a column that is no feature, or text, is refused by name."""
+    config = TrainerConfig(epochs=1, max_steps=2, categorical_features=["year"])
+    encoder = train(config, *penguins, "species").model.get_layer("encoder")
+    assert encoder.categorical == ["year"] and sorted(encoder.strings["year"]) == ["2007", "2008", "2009"]
+    assert "year" not in encoder.numbers
+    for name, message in (("yeer", "'yeer' is not a feature column"), ("species", "'species' is not a feature column"),
+                          ("island", "'island' is string; only number columns")):
+        with pytest.raises(ValueError, match=f"trainer.categorical_features: {message}"):
+            train(config.model_copy(update={"categorical_features": [name]}), *penguins, "species")

@@ -226,3 +226,33 @@ def test_a_graph_tflite_s_builtins_run_is_converted_with_the_model_and_parity_ga
     assert variant["passed"] and not variant["dropped"] and variant["examples"] == 100, variant
     assert set(tf.saved_model.load(str(tmp_path / "serving")).signatures["predict_raw"]
                .structured_input_signature[1]) == {"x", "y"}
+
+
+@pytest.mark.slow
+def test_the_transform_s_vocabulary_indices_are_categories_not_numbers(transform_run):
+    """tft's vocabulary outputs (island_id, sex_id) are marked categorical in the transformed
+    schema, so the generic encoder one-hot encodes them: the first hidden layer reads 2 columns per
+    z-score (value, missing) and one per index value seen, not 2 per index."""
+    from trainer.features import kinds_from_schema
+    from trainer.transform_graph import InputTransform
+    from validation.schema import load_schema
+
+    config, summary = transform_run
+    root = config.pipeline.root
+    transform = InputTransform(_one(f"{root}/tfx/Transform/transform_graph/*"),
+                               kinds_from_schema(load_schema(_one(f"{root}/tfx/SchemaGen/schema/*"))),
+                               ["species", "body_mass_g"], _eval_records(config)[:50])
+    assert transform.categorical == ["island_id", "sex_id"]
+    values = read_transformed(f"{root}/tfx/Transform/transformed_examples/*/Split-train/*", transform.categorical)
+    z_scores = [name for name in transform.input_kinds if name.endswith("_z")]
+    checkpoint = tf.train.latest_checkpoint(_one(f"{root}/tfx/Trainer/model_run/*/checkpoints"))
+    (width,) = {shape[0] for name, shape in tf.train.list_variables(checkpoint)
+                if name.startswith("selection/weights/") and len(shape) == 2 and shape[1] == 64}
+    assert width == 2 * len(z_scores) + sum(len(set(v)) for v in values.values())
+
+
+def read_transformed(pattern: str, names: list[str]) -> dict[str, list[int]]:
+    spec = {name: tf.io.FixedLenFeature([], tf.int64) for name in names}
+    records = tf.data.TFRecordDataset(tf.io.gfile.glob(pattern), compression_type="GZIP")
+    parsed = [tf.io.parse_single_example(r, spec) for r in records]
+    return {name: [int(p[name]) for p in parsed] for name in names}

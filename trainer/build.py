@@ -19,8 +19,8 @@ from serving.signature_names import signature_name, signature_names_of
 from trainer import handover, holdout, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
-from trainer.features import (FeatureKinds, FeatureStats, compute_stats, infer_feature_kinds, is_number, is_scalar,
-                              resolve_image_shapes)
+from trainer.features import (FeatureKinds, FeatureStats, compute_stats, feature_shape, infer_feature_kinds, is_number,
+                              is_scalar, kind_spec, resolve_image_shapes)
 from trainer.flops import count_flops
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import (MARKED, column_batches, columns_dataset, count_picked, count_rows, eval_dataset,
@@ -201,13 +201,26 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, col
     if held_out is None:  # not decided there (streamed: the held-out rows are counted in a pass of their own)
         held_out = _held_out_fraction(config, train_pattern, handed) if metric is not None else 0.0
     label_heads = head_kinds(labels, all_kinds, declared_head_kinds(module), label_kind)
+    _check_categorical(config.categorical_features, all_kinds, labels)
     batches = _training_batches(train_pattern, all_kinds, columns, handed, held_out)
-    stats = compute_stats(batches, all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION])
+    stats = compute_stats(batches, all_kinds, classes=[name for name, kind in label_heads.items() if kind == CLASSIFICATION],
+                          categorical=config.categorical_features)
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
     return {"all_kinds": all_kinds, "module": module, "columns": columns, "validation": validation, "stats": stats, "heads": heads,
             "ctx": ModelContext(inputs, stats, heads, hparams=dict(config.hparams)), "metric": metric, "patience": patience, "held_out": held_out,
             "handed": handed}
+
+
+def _check_categorical(names: list[str], kinds: FeatureKinds, labels: list[str]) -> None:
+    """trainer.categorical_features must name number feature columns of one value or a list."""
+    for name in names:
+        if name not in kinds or name in labels:
+            raise ValueError(f"trainer.categorical_features: '{name}' is not a feature column; features are "
+                             f"{sorted(set(kinds) - set(labels))}")
+        if not is_number(kinds[name]) or kind_spec(kinds[name]).is_image or len(feature_shape(kinds[name])) != 1:
+            raise ValueError(f"trainer.categorical_features: '{name}' is {kinds[name]}; only number columns "
+                             "(one value or a list) are read as categories (text columns already are)")
 
 
 def _training_batches(train_pattern: str, all_kinds: FeatureKinds, columns, handed: str | None, held_out: float):

@@ -123,6 +123,12 @@ class TrainerConfig(Section):
         description="Per-layer learning-rate multipliers: {regex on variable path: factor}; first match wins.",
     )
 
+    categorical_features: list[str] = Field(
+        default_factory=list, description="Number columns whose values are categories (codes, ids, a class number): "
+        "the generic encoder one-hot encodes them (an embedding over 30 values) as it does text, instead of "
+        "standardizing them. Whole numbers only; a value the train split lacks encodes as unseen. A Transform's "
+        "outputs that its schema marks categorical (tft vocabularies, buckets, hashes) are added.",
+    )
     hparams: dict[str, Any] = Field(
         default_factory=dict, description="Model hyperparameters, given to a module's build_model as ctx.hparams; "
         "the generic tabular model reads units (64), layers (2), l2 (0.001) and dropout (0.0). A Tuner step's best "

@@ -277,10 +277,11 @@ class FeatureStats:
     missing: dict[str, int] = field(default_factory=dict)
     count: int = 0
     classes: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> class -> rows (no cap)
+    categorical: list[str] = field(default_factory=list)  # number columns counted as categories (in strings/lookups)
 
     def to_json(self) -> dict:
         return {"numbers": self.numbers, "strings": self.strings, "lookups": self.lookups, "missing": self.missing,
-                "count": self.count, "classes": self.classes}
+                "count": self.count, "classes": self.classes, "categorical": self.categorical}
 
     @classmethod
     def from_json(cls, data: dict) -> "FeatureStats":
@@ -291,6 +292,7 @@ class FeatureStats:
             missing=data.get("missing", {}),
             count=data.get("count", 0),
             classes=data.get("classes", {}),
+            categorical=data.get("categorical", []),
         )
 
 
@@ -325,18 +327,21 @@ def _rows_with_text(column, size: int) -> int:
     return int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
 
 
-def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
+def compute_stats(batches, kinds: FeatureKinds, classes=(), categorical=()) -> FeatureStats:
     """One pass over parsed batches (dicts of `[batch, ...]` arrays, or of tensors: `column_batches`).
     `classes`: label columns of classification heads, whose every class is counted (numbers too).
-    Batches and the returned statistics are keyed by signature names, as parse_examples gives them."""
+    `categorical`: number columns whose values are categories (whole numbers, counted as text like
+    classes: "3"), one-hot or looked up as text columns are. Batches and the returned statistics
+    are keyed by signature names, as parse_examples gives them."""
     kinds = {signature_name(column): kind for column, kind in kinds.items()}
     classes = [signature_name(column) for column in classes]
+    categorical = sorted(signature_name(column) for column in categorical)
     class_counts: dict[str, dict[str, int]] = {n: {} for n in classes}
-    sums = {n: 0.0 for n, k in kinds.items() if is_number(k)}
+    sums = {n: 0.0 for n, k in kinds.items() if is_number(k) and n not in categorical}
     squares = dict(sums)
     present = {n: 0 for n in kinds}  # examples with a value
     values_seen = {n: 0 for n in sums}
-    counts: dict[str, dict[str, int]] = {n: {} for n, k in kinds.items() if not is_number(k)}
+    counts: dict[str, dict[str, int]] = {n: {} for n, k in kinds.items() if n not in sums}
     infinite = {n: 0 for n in sums}
     total = 0
     for batch in batches:
@@ -345,8 +350,18 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
         for name, kind in kinds.items():
             column = batch[name]
             # A text column that is also a classification label is counted once for both.
-            distinct = _distinct_counts(column) if not is_number(kind) or name in class_counts else None
-            if is_number(kind):
+            distinct = _distinct_counts(column) if name in counts or name in class_counts else None
+            if name in categorical:
+                for value, n in distinct:
+                    try:
+                        text = class_name(value)
+                    except ValueError:
+                        raise ValueError(f"feature '{name}' is categorical (trainer.categorical_features or the "
+                                         f"Transform's schema) but holds {value}, not a whole number") from None
+                    if text is not None:
+                        counts[name][text] = counts[name].get(text, 0) + n
+                present[name] += int(np.isfinite(np.asarray(column).reshape(size, -1)).any(axis=1).sum())
+            elif is_number(kind):
                 rows = np.asarray(column).reshape(size, -1)
                 values = rows.reshape(-1)
                 finite = np.isfinite(values)
@@ -381,7 +396,7 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
         stats.numbers[name] = (float(mean), float(math.sqrt(var)) or 1.0)
     for name, seen in counts.items():
         ranked = sorted(seen, key=lambda v: (-seen[v], v))
-        if kinds[name] == "string" and len(ranked) > MAX_ONE_HOT and name not in class_counts:
+        if is_scalar(kinds[name]) and len(ranked) > MAX_ONE_HOT and name not in class_counts:
             stats.lookups[name] = ranked[:MAX_LOOKUP]
             if len(ranked) > MAX_LOOKUP:
                 log.warning("feature '%s': %d distinct values; the vocabulary keeps the %d most frequent, the others "
@@ -394,6 +409,7 @@ def compute_stats(batches, kinds: FeatureKinds, classes=()) -> FeatureStats:
                         "%d value(s) of the others encode as unseen (all zeros)", name, len(ranked), MAX_VOCABULARY, rare)
     stats.missing = {name: total - present[name] for name in kinds}
     stats.classes = class_counts
+    stats.categorical = categorical
     return stats
 
 
@@ -409,22 +425,27 @@ class TabularEncoder(keras.layers.Layer):
     """Numbers: standardized, NaN -> 0 plus a missing indicator. Strings: one-hot over the
     training vocabulary (an unseen or missing value is all zeros). `lookups`: text columns of many
     values, each appended last (in name order) as its index in its vocabulary, 0 for a missing or
-    unseen value (for `ColumnEmbeddings`). No weights: under XLA it runs in tf.data."""
+    unseen value (for `ColumnEmbeddings`). `categorical`: number columns among `strings` and
+    `lookups` (their vocabularies whole numbers as text): compared as numbers, NaN matching none.
+    No weights: under XLA it runs in tf.data."""
 
-    def __init__(self, numbers: dict, strings: dict, lookups: dict | None = None, **kwargs):
+    def __init__(self, numbers: dict, strings: dict, lookups: dict | None = None, categorical=(), **kwargs):
         super().__init__(**kwargs)
         self.numbers = {k: tuple(v) for k, v in numbers.items()}
         self.strings = {k: list(v) for k, v in strings.items()}
         self.lookups = {k: list(v) for k, v in sorted((lookups or {}).items())}
-        self._lookup_layers = {name: keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1,
-                                                               name=f"{self.name}_lookup_{i}")
+        self.categorical = sorted(categorical)
+        self._lookup_layers = {name: _number_lookup(vocabulary) if name in self.categorical else
+                               keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1,
+                                                         name=f"{self.name}_lookup_{i}")
                                for i, (name, vocabulary) in enumerate(self.lookups.items())}
 
     def call(self, features):
         parts = [self._numbers(features)] if self.numbers else []
         for name, vocabulary in sorted(self.strings.items()):
-            x = _flat(features[name])  # a list of strings: multi-hot (any position holds the value)
-            hits = tf.equal(x[:, :, tf.newaxis], tf.constant(vocabulary, tf.string)[tf.newaxis, tf.newaxis, :])
+            x = _flat(features[name])  # a list of values: multi-hot (any position holds the value)
+            values = ([float(v) for v in vocabulary], tf.float32) if name in self.categorical else (vocabulary, tf.string)
+            hits = tf.equal(tf.cast(x, values[1])[:, :, tf.newaxis], tf.constant(*values)[tf.newaxis, tf.newaxis, :])
             parts.append(tf.reduce_max(tf.cast(hits, tf.float32), axis=1))
         for name, lookup in self._lookup_layers.items():  # "" (missing) is not in the vocabulary: index 0
             parts.append(tf.cast(lookup(_flat(features[name])), tf.float32))
@@ -451,7 +472,22 @@ class TabularEncoder(keras.layers.Layer):
         return tf.gather(both, _interleaved([int(z.shape[-1]) for z in values]), axis=1)
 
     def get_config(self):
-        return {**super().get_config(), "numbers": self.numbers, "strings": self.strings, "lookups": self.lookups}
+        return {**super().get_config(), "numbers": self.numbers, "strings": self.strings, "lookups": self.lookups,
+                "categorical": self.categorical}
+
+
+def _number_lookup(vocabulary: list[str]):
+    """StringLookup's index (1 + position, 0 for a value not there) for a categorical number
+    column, `[batch, 1]` float32: a comparison with every value, not a hash table, because TFLite's
+    builtin tables map strings, not numbers. NaN (missing) equals none."""
+    values = tf.constant([float(v) for v in vocabulary], tf.float32)
+    positions = tf.range(1, len(vocabulary) + 1, dtype=tf.float32)
+
+    def lookup(x: tf.Tensor) -> tf.Tensor:
+        hits = tf.cast(tf.equal(x, values[tf.newaxis, :]), tf.float32)
+        return tf.reduce_max(hits * positions, axis=1, keepdims=True)
+
+    return lookup
 
 
 def _interleaved(widths: list[int]) -> np.ndarray:

@@ -77,7 +77,8 @@ class ModelContext:
         numbers = {k: v for k, v in self.stats.numbers.items() if k in names}
         strings = {k: v for k, v in self.stats.strings.items() if k in names}
         lookups = {k: v for k, v in self.stats.lookups.items() if k in names}
-        return Encoding(TabularEncoder(numbers, strings, lookups, name="encoder"))
+        categorical = [k for k in self.stats.categorical if k in names]
+        return Encoding(TabularEncoder(numbers, strings, lookups, categorical, name="encoder"))
 
 
 class Encoding:

@@ -51,6 +51,9 @@ class InputTransform:
                          if set(self.input_kinds) - self._outputs({k: v for k, v in features.items() if k != c}, serialized)}
         self.raw_kinds = {c: raw_kinds[c] for c in sorted(self.raw_spec)}
         self.kinds = {**self.input_kinds, **{label: transformed_kinds[label] for label in labels}}
+        # Vocabulary indices, buckets and hashes: the transformed schema marks them categorical.
+        self.categorical = sorted(f.name for f in output.transformed_metadata.schema.feature
+                                  if f.name in self.input_kinds and f.int_domain.is_categorical)
 
     def _outputs(self, spec: dict, serialized: tf.Tensor) -> set[str]:
         """The graph's outputs given only the features of `spec`."""
