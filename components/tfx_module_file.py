@@ -11,6 +11,7 @@ which defers TensorFlow Model Analysis: pipeline/deferred_imports.py) is left No
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import types
 from typing import Callable
@@ -135,3 +136,50 @@ def keras_tuner_on_module_keras():
         vars(backend_keras).update(saved)
         config._MULTI_BACKEND = saved_multi
         importlib.reload(tuner_utils)
+
+
+# A Keras progress bar's state before its last step ("  286/300 [=====>..] - ETA: 0s - loss: ...").
+_UNFINISHED_BAR = re.compile(r"\s*(\d+)/(\d+) \[")
+
+
+class _PrintedLines:
+    """A stdout whose finished lines go to a logger: a progress bar's rewrites (carriage returns,
+    backspaces) leave only a line's last state, and a Keras bar's states before its last step are
+    left out (its final line, with the epoch's figures, is logged)."""
+
+    def __init__(self, logger):
+        self._logger, self._line = logger, []
+
+    def write(self, text: str) -> int:
+        for char in text:
+            if char == "\n":
+                self.flush()
+            elif char == "\r":
+                self._line = []
+            elif char == "\b":
+                self._line = self._line[:-1]
+            else:
+                self._line.append(char)
+        return len(text)
+
+    def flush(self) -> None:
+        line = "".join(self._line).rstrip()
+        self._line = []
+        bar = _UNFINISHED_BAR.match(line)
+        if line and not (bar and bar.group(1) != bar.group(2)):
+            self._logger.info("%s", line)
+
+    def isatty(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def printed_to_log(logger):
+    """What a module's function prints (Keras' fit() and KerasTuner's progress, print()) into the
+    run's log through `logger`, not onto the console's component lines."""
+    lines = _PrintedLines(logger)
+    try:
+        with contextlib.redirect_stdout(lines):
+            yield
+    finally:
+        lines.flush()

@@ -111,7 +111,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     import tensorflow as tf
 
     from components.tfx_fn_args import trainer_fn_args
-    from components.tfx_module_file import module_function
+    from components.tfx_module_file import module_function, printed_to_log
     from serving.signature_names import DEFAULT
     from tracking.training_run import TAG_MODEL_URI, start_training_run
     from trainer.export import dropped_variants
@@ -125,7 +125,8 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     try:  # whatever stops the Trainer from here marks its MLflow run failed
         # TFX seeds nothing; seeded, the same data, module and keys train the same model.
         keras.utils.set_random_seed(config.seed)
-        run_fn(fn_args)
+        with printed_to_log(logging.getLogger("loopline.trainer")):
+            run_fn(fn_args)
         if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
             raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "
                              f"({fn_args.serving_model_dir})")

@@ -68,7 +68,7 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
     """TFX's Tuner contract: tuner_fn(fn_args) -> TunerFnResult; tuner.max_trials overrides the
     tuner_fn's own, tuner.time_budget_seconds bounds the search."""
     from components.tfx_fn_args import common_fn_args
-    from components.tfx_module_file import keras_tuner_on_module_keras, module_function
+    from components.tfx_module_file import keras_tuner_on_module_keras, module_function, printed_to_log
     from trainer.tuning import TrialClock, seed_search
 
     tuner_fn = module_function(tuner.module_file, "tuner_fn")
@@ -81,7 +81,8 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
         clock = TrialClock(searcher, tuner.time_budget_seconds)
         logging.getLogger("loopline").info("tuner: %s's tuner_fn: up to %s trials",
                                            os.path.basename(tuner.module_file), searcher.oracle.max_trials)
-        searcher.search(**result.fit_kwargs)
+        with printed_to_log(logging.getLogger("loopline.tuner")):
+            searcher.search(**result.fit_kwargs)
     return searcher, clock
 
 

@@ -348,3 +348,26 @@ def test_the_label_may_come_from_a_preprocessing_signature_as_in_tfma(penguin_ru
         evaluate(label_key="species_xf")
     with pytest.raises(ValueError, match=r"has no signature 'transform' \(evaluator.preprocessing_function_names"):
         evaluate(label_key="species_xf", preprocessing_function_names=["transform"])
+
+
+def test_what_a_module_prints_goes_to_the_log_with_only_a_progress_bar_s_last_state(caplog):
+    """A run_fn's fit() (Keras 2's progress bar, redrawn with backspaces and carriage returns) and
+    print() reach the run's log, not the console's component lines; of a bar, its final state."""
+    import logging
+    import sys
+
+    import tf_keras
+
+    from components.tfx_module_file import printed_to_log
+
+    logger = logging.getLogger("loopline.trainer")
+    with caplog.at_level(logging.INFO, logger="loopline.trainer"), printed_to_log(logger):
+        print("epoch 1")
+        bar = tf_keras.utils.Progbar(50, interval=0.0)
+        for step in range(1, 51):
+            bar.update(step, [("loss", 1.0 / step)])
+        sys.stdout.write("no newline at the end")
+    lines = [r.getMessage() for r in caplog.records if r.name == "loopline.trainer"]
+    assert lines[0] == "epoch 1" and lines[-1] == "no newline at the end"
+    (final,) = lines[1:-1]
+    assert final.lstrip().startswith("50/50 [") and "loss:" in final and "\b" not in final and "\r" not in final
