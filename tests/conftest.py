@@ -29,6 +29,25 @@ def make_config(root: Path, *overrides: str):
     )
 
 
+def loopline_run_child(root: Path, *overrides: str):
+    """`loopline run` itself in a child process (the command's deferred imports included) with the
+    bundled configuration, make_config's keys and `overrides`; returns (config, the run's summary
+    read back from ML Metadata)."""
+    import subprocess
+    import sys
+
+    from pipeline.local_runner import summarize_run
+    from pipeline.run_metadata import newest_finished_run, open_store
+
+    config = make_config(root, *overrides)
+    keys = [f"pipeline.root={root}", "trainer.epochs=3", *overrides]
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
+               *[arg for key in keys for arg in ("--set", key)]]
+    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+
+
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
     """Runs the default pipeline once (few epochs); yields (config, summary)."""

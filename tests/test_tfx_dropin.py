@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, make_config
+from tests.conftest import REPO, loopline_run_child, make_config
 
 PENGUIN = REPO / "tests" / "data" / "tfx_penguin"
 MODULE_FILE = PENGUIN / "penguin_utils_keras.py"
@@ -21,24 +21,12 @@ FEATURES = ["culmen_length_mm", "culmen_depth_mm", "flipper_length_mm", "body_ma
 def penguin_run(tmp_path_factory):
     """`loopline run` itself (a child process) on the penguin example's data and module file, with
     config keys only; yields (config, the run's summary read back from ML Metadata)."""
-    import subprocess
-    import sys
-
-    from pipeline.local_runner import summarize_run
-    from pipeline.run_metadata import newest_finished_run, open_store
-    from tests.conftest import subprocess_env
-
     root = tmp_path_factory.mktemp("tfx_penguin")
     overrides = [f"data.path={PENGUIN / 'data' / 'labelled' / 'penguins_processed.csv'}",
                  f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
                  "trainer.train_steps=100", "trainer.eval_steps=5", f"tuner.module_file={MODULE_FILE}",
                  f"tuner.max_trials={TUNER_TRIALS}"]
-    config = make_config(root, *overrides)
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-               *[arg for key in [f"pipeline.root={root}", "trainer.epochs=3", *overrides] for arg in ("--set", key)]]
-    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+    return loopline_run_child(root, *overrides)
 
 
 def outputs_of(config, summary, node: str) -> dict:

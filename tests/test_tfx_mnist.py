@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, make_config
+from tests.conftest import REPO, loopline_run_child
 
 MNIST = REPO / "tests" / "data" / "tfx_mnist"
 MODULE_FILE = MNIST / "mnist_utils_native_keras.py"
@@ -20,23 +20,11 @@ DATA = MNIST / "data" / "mnist.tfrecord"
 @pytest.fixture(scope="module")
 def mnist_run(tmp_path_factory):
     """`loopline run` on the example's TFRecord file and module file; yields (config, summary)."""
-    import subprocess
-    import sys
-
-    from pipeline.local_runner import summarize_run
-    from pipeline.run_metadata import newest_finished_run, open_store
-    from tests.conftest import subprocess_env
-
     root = tmp_path_factory.mktemp("tfx_mnist")
     overrides = [f"data.path={DATA}", "data.format=tfrecord", "data.label=image_class",
                  f"transform.module_file={MODULE_FILE}", f"trainer.module_file={MODULE_FILE}",
                  "trainer.train_steps=100", "trainer.eval_steps=5", "serving.model_name=mnist"]
-    config = make_config(root, *overrides)
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-               *[arg for key in [f"pipeline.root={root}", *overrides] for arg in ("--set", key)]]
-    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+    return loopline_run_child(root, *overrides)
 
 
 def test_the_example_files_are_tfx_s_bytes():

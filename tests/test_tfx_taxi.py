@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, make_config
+from tests.conftest import REPO, loopline_run_child
 
 TAXI = REPO / "tests" / "data" / "tfx_taxi"
 MODULE_FILE = TAXI / "taxi_utils_native_keras.py"
@@ -21,13 +21,6 @@ METRICS_SPECS = ("[{metrics: [{class_name: BinaryAccuracy, threshold: {value_thr
 
 @pytest.fixture(scope="module")
 def taxi_run(tmp_path_factory):
-    import subprocess
-    import sys
-
-    from pipeline.local_runner import summarize_run
-    from pipeline.run_metadata import newest_finished_run, open_store
-    from tests.conftest import subprocess_env
-
     root = tmp_path_factory.mktemp("tfx_taxi")
     # TFX's pipeline trains 1,000 steps and evaluates 150 (TrainArgs, EvalArgs): the same here.
     # The train/eval drift gate is off: the data's heavy tails (trip_miles up to 1,710 in one split)
@@ -37,12 +30,7 @@ def taxi_run(tmp_path_factory):
                  "trainer.train_steps=1000", "trainer.eval_steps=150", "evaluator.label_key=tips_xf",
                  "evaluator.preprocessing_function_names=[transform_features]",
                  f"evaluator.metrics_specs={METRICS_SPECS}", "serving.model_name=taxi", "mlflow.enabled=false"]
-    config = make_config(root, *overrides)
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-               *[arg for key in [f"pipeline.root={root}", *overrides] for arg in ("--set", key)]]
-    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+    return loopline_run_child(root, *overrides)
 
 
 def test_the_example_files_are_tfx_s_bytes():

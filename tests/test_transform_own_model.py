@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, make_config
+from tests.conftest import REPO, loopline_run_child
 
 MODULE_FILE = REPO / "examples" / "penguins" / "preprocessing.py"
 # What the preprocessing_fn reads, less what the model predicts (species, body_mass_g: the default
@@ -20,21 +20,9 @@ RAW_INPUTS = {"bill_length_mm", "bill_depth_mm", "flipper_length_mm", "island", 
 
 @pytest.fixture(scope="module")
 def transform_run(tmp_path_factory):
-    import subprocess
-    import sys
-
-    from pipeline.local_runner import summarize_run
-    from pipeline.run_metadata import newest_finished_run, open_store
-    from tests.conftest import subprocess_env
-
     root = tmp_path_factory.mktemp("transform_own")
-    overrides = [f"transform.module_file={MODULE_FILE}", "trainer.epochs=3"]
-    config = make_config(root, *overrides)
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-               *[arg for key in [f"pipeline.root={root}", *overrides] for arg in ("--set", key)]]
-    result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)
+    overrides = [f"transform.module_file={MODULE_FILE}"]
+    return loopline_run_child(root, *overrides)
 
 
 def _one(pattern: str) -> str:
