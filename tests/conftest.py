@@ -20,13 +20,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_keys(root: Path, *overrides: str) -> list[str]:
+    """The keys a test's run sets: its root, few epochs, then its own."""
+    return [f"pipeline.root={root}", "trainer.epochs=3", *overrides]
+
+
 def make_config(root: Path, *overrides: str):
     from pipeline.config import load_config
 
-    return load_config(
-        REPO / "loopline.yaml",
-        [f"pipeline.root={root}", "trainer.epochs=3", *overrides],
-    )
+    return load_config(REPO / "loopline.yaml", run_keys(root, *overrides))
 
 
 def loopline_run_child(root: Path, *overrides: str):
@@ -40,9 +42,8 @@ def loopline_run_child(root: Path, *overrides: str):
     from pipeline.run_metadata import newest_finished_run, open_store
 
     config = make_config(root, *overrides)
-    keys = [f"pipeline.root={root}", "trainer.epochs=3", *overrides]
     command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(REPO / "loopline.yaml"),
-               *[arg for key in keys for arg in ("--set", key)]]
+               *[arg for key in run_keys(root, *overrides) for arg in ("--set", key)]]
     result = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return config, summarize_run(config, newest_finished_run(open_store(config, read_only=True)).name)

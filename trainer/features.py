@@ -327,6 +327,18 @@ def _rows_with_text(column, size: int) -> int:
     return int((rows != b"").any(axis=1).sum()) if rows.dtype == object else 0
 
 
+def _count_as_classes(distinct, counts: dict[str, int], who: str) -> None:
+    """Adds each distinct value's count under its class_name text (a missing value left out); a
+    number that is not whole is an error, `who` naming the column."""
+    for value, n in distinct:
+        try:
+            text = class_name(value)
+        except ValueError:
+            raise ValueError(f"{who} holds {value}, not a whole number") from None
+        if text is not None:
+            counts[text] = counts.get(text, 0) + n
+
+
 def compute_stats(batches, kinds: FeatureKinds, classes=(), categorical=()) -> FeatureStats:
     """One pass over parsed batches (dicts of `[batch, ...]` arrays, or of tensors: `column_batches`).
     `classes`: label columns of classification heads, whose every class is counted (numbers too).
@@ -352,14 +364,8 @@ def compute_stats(batches, kinds: FeatureKinds, classes=(), categorical=()) -> F
             # A text column that is also a classification label is counted once for both.
             distinct = _distinct_counts(column) if name in counts or name in class_counts else None
             if name in categorical:
-                for value, n in distinct:
-                    try:
-                        text = class_name(value)
-                    except ValueError:
-                        raise ValueError(f"feature '{name}' is categorical (trainer.categorical_features or the "
-                                         f"Transform's schema) but holds {value}, not a whole number") from None
-                    if text is not None:
-                        counts[name][text] = counts[name].get(text, 0) + n
+                _count_as_classes(distinct, counts[name], f"feature '{name}' is categorical "
+                                  "(trainer.categorical_features or the Transform's schema) but")
                 present[name] += int(np.isfinite(np.asarray(column).reshape(size, -1)).any(axis=1).sum())
             elif is_number(kind):
                 rows = np.asarray(column).reshape(size, -1)
@@ -378,13 +384,7 @@ def compute_stats(batches, kinds: FeatureKinds, classes=(), categorical=()) -> F
                         counts[name][text] = counts[name].get(text, 0) + n
                 present[name] += _rows_with_text(column, size)
             if name in class_counts:
-                for value, n in distinct:
-                    try:
-                        text = class_name(value)
-                    except ValueError as exc:
-                        raise ValueError(f"label '{name}': {exc}") from None
-                    if text is not None:
-                        class_counts[name][text] = class_counts[name].get(text, 0) + n
+                _count_as_classes(distinct, class_counts[name], f"label '{name}': a classification label")
     bad = {name: n for name, n in infinite.items() if n}
     if bad:
         log.warning("infinite values (counted as missing, like NaN): %s", bad)
@@ -444,8 +444,10 @@ class TabularEncoder(keras.layers.Layer):
         parts = [self._numbers(features)] if self.numbers else []
         for name, vocabulary in sorted(self.strings.items()):
             x = _flat(features[name])  # a list of values: multi-hot (any position holds the value)
-            values = ([float(v) for v in vocabulary], tf.float32) if name in self.categorical else (vocabulary, tf.string)
-            hits = tf.equal(tf.cast(x, values[1])[:, :, tf.newaxis], tf.constant(*values)[tf.newaxis, tf.newaxis, :])
+            values = tf.constant(vocabulary, tf.string)
+            if name in self.categorical:  # codes, compared as the numbers they are
+                x, values = tf.cast(x, tf.float32), tf.constant([float(v) for v in vocabulary], tf.float32)
+            hits = tf.equal(x[:, :, tf.newaxis], values[tf.newaxis, tf.newaxis, :])
             parts.append(tf.reduce_max(tf.cast(hits, tf.float32), axis=1))
         for name, lookup in self._lookup_layers.items():  # "" (missing) is not in the vocabulary: index 0
             parts.append(tf.cast(lookup(_flat(features[name])), tf.float32))

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import tensorflow as tf
 from tensorflow.core.example import example_pb2
 
 from serving import signature_names as names
-from trainer.evaluation import OpenSignature, evaluation_signature, read_description
+from trainer.evaluation import OpenSignature, as_probabilities, evaluation_signature, read_description
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import read_once, record_dataset
 
@@ -17,12 +18,11 @@ EVAL_PREDICTIONS = "eval_predictions"  # the baseline split holding them
 
 
 def predicted_classes(scores: np.ndarray) -> np.ndarray:
-    """Each row's class index from `[rows, classes]` scores; one column (a binary classifier's,
-    trainer.model_spec) is the probability of class 1 when every value is in [0, 1], else its
-    logit (trainer.evaluation.as_probabilities' rule), so class 1 above 0.5, or above 0."""
+    """Each row's class index from `[rows, classes]` scores, as the Evaluator reads them: one
+    column (a binary classifier's, trainer.model_spec) is the probability of class 1, or its logit
+    (trainer.evaluation.as_probabilities, the one rule)."""
     if scores.shape[1] == 1:
-        threshold = 0.5 if np.all((scores >= 0.0) & (scores <= 1.0)) else 0.0
-        return (scores[:, 0] > threshold).astype(np.int64)
+        scores = as_probabilities(tf.constant(scores, tf.float32)).numpy()
     return np.argmax(scores, axis=1)
 
 
