@@ -13,7 +13,7 @@ CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candid
 
 # loopline's per-head metric suffixes as TFMA names them (metric key name, per output = head).
 _TFMA_NAMES = {"loss": "loss", "accuracy": "accuracy", "rmse": "root_mean_squared_error",
-               "mae": "mean_absolute_error", "examples": "example_count",
+               "mse": "mean_squared_error", "mae": "mean_absolute_error", "examples": "example_count",
                "unseen_label_examples": "unseen_label_examples"}
 
 

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from pydantic import ValidationError
 
 from trainer.evaluator_config import EvaluatorConfig, SlicingSpec, SliceThreshold
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
@@ -156,9 +157,11 @@ def test_thresholds_follow_tfmas_metric_threshold_semantics():
                             "examples": examples, "candidate": {"species_accuracy": candidate},
                             "champion": None if champion is None else {"species_accuracy": champion}}]}
 
+    island = {"feature_keys": ["island"]}
+
     def passed(threshold: dict, candidate: float, champion: float | None, examples: int = 50) -> list[bool]:
-        config = EvaluatorConfig(slice_guard=False, slice_thresholds=[SliceThreshold.model_validate(
-            {"slicing_specs": [{"feature_keys": ["island"]}], "metric": "species_accuracy", **threshold})])
+        config = EvaluatorConfig(slice_guard=False, slicing_specs=[island], slice_thresholds=[SliceThreshold.model_validate(
+            {"slicing_specs": [island], "metric": "species_accuracy", **threshold})])
         return [g["passed"] for g in gate(report(candidate, champion, examples), config, champion is not None)]
 
     assert passed({"value_threshold": {"lower_bound": 0.8}}, 0.8, None) == [True]
@@ -170,12 +173,15 @@ def test_thresholds_follow_tfmas_metric_threshold_semantics():
     relative = {"change_threshold": {"direction": "lower_is_better", "relative": 0.1}}
     assert passed(relative, 1.05, 1.0) == [True] and passed(relative, 1.2, 1.0) == [False]
     assert passed(relative, 0.0, 0.0) == [False]  # TFMA: a relative change against 0 is NaN, and fails
-    spec_elsewhere = EvaluatorConfig(slice_thresholds=[SliceThreshold(
-        slicing_specs=[SlicingSpec(feature_keys=["sex"])], metric="species_accuracy", value_threshold={"lower_bound": 1})])
+    sex = SlicingSpec(feature_keys=["sex"])
+    spec_elsewhere = EvaluatorConfig(slicing_specs=[sex], slice_thresholds=[SliceThreshold(
+        slicing_specs=[sex], metric="species_accuracy", value_threshold={"lower_bound": 1})])
     assert gate(report(0.1, None), spec_elsewhere, False) == []  # applies to the sex slices only
+    with pytest.raises(ValidationError, match=r"slicing spec \{'feature_keys': \['sex'\]\} is not in evaluator.slicing_specs"):
+        EvaluatorConfig(slice_thresholds=spec_elsewhere.slice_thresholds)
     # Fail closed: a gated metric the candidate does not have refuses it.
-    unknown = EvaluatorConfig(slice_thresholds=[SliceThreshold(slicing_specs=[SlicingSpec(feature_keys=["island"])],
-                                                               metric="species_auc", value_threshold={"lower_bound": 0.5})])
+    unknown = EvaluatorConfig(slicing_specs=[island], slice_thresholds=[SliceThreshold(
+        slicing_specs=[island], metric="species_auc", value_threshold={"lower_bound": 0.5})])
     [missing] = gate(report(0.9, None), unknown, False)
     assert not missing["passed"] and "species_auc not computed for the candidate" in missing["text"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from pydantic import ValidationError
-from sklearn.metrics import log_loss, roc_auc_score
+from sklearn.metrics import log_loss, mean_squared_error, precision_score, recall_score, roc_auc_score
 
 from trainer.blessing import evaluate_and_decide
 from trainer.evaluator_config import EvaluatorConfig
@@ -71,7 +71,8 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     p = 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
     y = taxi_like["y"]
     answers = []
-    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [TAXI_ACCURACY, {"class_name": "AUC"}]}],
+    metrics = [TAXI_ACCURACY, {"class_name": "AUC"}, {"class_name": "Precision"}, {"class_name": "Recall"}]
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics}],
                         answers=lambda answer, rows, candidate: answers.append(
                             signature_columns(answer, rows, candidate.heads, candidate.output_keys)))
     figures = decision.candidate
@@ -80,6 +81,8 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     overall = decision.slices_json()["slices"][0]
     assert overall["slice"] == "Overall"
     assert overall["candidate"][f"{LABEL}_auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
+    assert overall["candidate"][f"{LABEL}_precision"] == pytest.approx(precision_score(y, p > 0.5), abs=1e-9)
+    assert overall["candidate"][f"{LABEL}_recall"] == pytest.approx(recall_score(y, p > 0.5), abs=1e-9)
     assert overall["confusion"][LABEL]["matrix"] == [[int(np.sum((p <= 0.5) & (y == c))), int(np.sum((p > 0.5) & (y == c)))]
                                                     for c in (0, 1)]
     # The trivial floor is the train split's class priors, not a mean: its loss is a log loss.
@@ -93,8 +96,39 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
 
 def test_without_a_binary_metric_one_column_stays_a_regression(taxi_like):
     model = one_column_model(taxi_like["root"] / "regression", 2.0, -0.5, False)
-    figures = evaluate(taxi_like, model).candidate
-    assert f"{LABEL}_rmse" in figures and f"{LABEL}_accuracy" not in figures
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "MeanSquaredError"}]}])
+    assert f"{LABEL}_rmse" in decision.candidate and f"{LABEL}_accuracy" not in decision.candidate
+    p = 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    overall = decision.slices_json()["slices"][0]["candidate"]
+    assert overall[f"{LABEL}_mse"] == pytest.approx(mean_squared_error(taxi_like["y"], p), rel=1e-5)
+
+
+def test_the_threshold_maps_and_output_names_of_a_metrics_spec(taxi_like):
+    """TFMA's MetricsSpec.thresholds (overall) and per_slice_thresholds (on their slices, judged
+    from min_slice_size examples) by TFMA's metric names, and output_names choosing the heads."""
+    model = one_column_model(taxi_like["root"] / "maps", 2.0, -0.5, False)
+    strict = {"value_threshold": {"lower_bound": 0.99}}
+    metrics = [{"class_name": "BinaryAccuracy"}, {"class_name": "Precision"}]
+    refused = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics, "thresholds": {"precision": strict}}])
+    assert [f for f in refused.failed if f.startswith("slice Overall: tips_precision")], refused.failed
+    assert not [f for f in refused.failed if "tips_accuracy" in f], refused.failed
+
+    per_slice = {"binary_accuracy": {"thresholds": [{"slicing_specs": [{"feature_keys": [LABEL]}], "threshold": strict}]}}
+    spec = {"metrics": metrics, "per_slice_thresholds": per_slice}
+    sliced = {"metrics_specs": [spec], "slicing_specs": [{"feature_keys": [LABEL]}], "slice_guard": False}
+    by_label = evaluate(taxi_like, model, min_slice_size=1, **sliced)
+    assert sorted(f.split(":")[0] for f in by_label.failed) == ["slice tips=0", "slice tips=1"], by_label.failed
+    assert evaluate(taxi_like, model, min_slice_size=10_000, **sliced).blessed  # reported, not gated
+    with pytest.raises(ValidationError, match="is not in evaluator.slicing_specs"):
+        EvaluatorConfig(metrics_specs=[spec])
+
+    assert evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics, "output_names": [LABEL]}]).blessed
+    other = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "Precision", "threshold": strict}],
+                                                       "output_names": ["tip_amount"]}])
+    assert any("tip_amount_Precision not computed for the candidate" in f for f in other.failed), other.failed
+    with pytest.raises(ValidationError, match="thresholds: auc is not a metric of the spec's metrics; they are "
+                                              "named binary_accuracy, precision"):
+        EvaluatorConfig(metrics_specs=[{"metrics": metrics, "thresholds": {"auc": strict}}])
 
 
 def test_metric_thresholds_gate_the_overall_figures_and_the_change_against_the_champion(taxi_like):
@@ -119,6 +153,13 @@ def test_the_thresholds_are_in_tfma_s_eval_config():
     threshold = written.metrics_specs[0].per_slice_thresholds[f"{LABEL}_accuracy"].thresholds[0].threshold
     assert threshold.value_threshold.lower_bound.value == 0.6
     assert threshold.change_threshold.absolute.value == -1e-10
+    per_slice = {"precision": {"thresholds": [{"slicing_specs": [{"feature_keys": ["x"]}],
+                                               "threshold": {"value_threshold": {"lower_bound": 0.5}}}]}}
+    config = EvaluatorConfig(slicing_specs=[{"feature_keys": ["x"]}], metrics_specs=[
+        {"metrics": [{"class_name": "Precision"}], "per_slice_thresholds": per_slice}])
+    [written] = eval_config(config, False, {LABEL: "classification"}).metrics_specs[0].per_slice_thresholds[
+        f"{LABEL}_precision"].thresholds
+    assert list(written.slicing_specs[0].feature_keys) == ["x"] and written.threshold.value_threshold.lower_bound.value == 0.5
 
 
 def test_a_metric_of_another_head_kind_refuses_naming_it(taxi_like):

@@ -1,6 +1,7 @@
 """The `evaluator:` section of loopline.yaml: when a candidate model is blessed (trainer.blessing)."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -91,10 +92,18 @@ TFMA_METRICS = {
     "AUC": ("auc", "classification"),
     "BinaryCrossentropy": ("loss", "classification"), "CategoricalCrossentropy": ("loss", "classification"),
     "SparseCategoricalCrossentropy": ("loss", "classification"),
-    "RootMeanSquaredError": ("rmse", "regression"), "MeanAbsoluteError": ("mae", "regression"),
+    "Precision": ("precision", "classification"), "Recall": ("recall", "classification"),
+    "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
+    "MeanAbsoluteError": ("mae", "regression"),
 }
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
-BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC"})
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "Precision", "Recall"})
+
+
+def tfma_metric_name(class_name: str) -> str:
+    """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
+    AUC -> auc), by which MetricsSpec's `thresholds` and `per_slice_thresholds` name it."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", class_name).lower()
 
 
 class MetricThreshold(Section):
@@ -125,11 +134,47 @@ class MetricConfig(Section):
         return f"{head}_{figure}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
 
 
+class PerSliceMetricThreshold(Section):
+    """TFMA's PerSliceMetricThreshold: a threshold on the slices of the given specs."""
+
+    slicing_specs: list[SlicingSpec] = Field(default_factory=lambda: [SlicingSpec()],
+                                             description="The slices it applies to; [{}] is the overall slice.")
+    threshold: MetricThreshold = Field(description="The value and change thresholds on those slices.")
+
+
+class PerSliceMetricThresholds(Section):
+    """TFMA's PerSliceMetricThresholds: the value of MetricsSpec.per_slice_thresholds."""
+
+    thresholds: list[PerSliceMetricThreshold] = Field(default_factory=list, description="Each a threshold and its slices.")
+
+
 class MetricsSpec(Section):
-    """TFMA's MetricsSpec: its metrics apply to every head."""
+    """TFMA's MetricsSpec: its metrics apply to every head, or to those of `output_names`."""
 
     metrics: list[MetricConfig] = Field(default_factory=list, description="The metrics, e.g. [{class_name: "
                                         "BinaryAccuracy, threshold: {value_threshold: {lower_bound: 0.6}}}].")
+    output_names: list[str] = Field(default_factory=list, description="The heads the metrics are of; []: every head. "
+                                    "A name that is not a head of the candidate refuses it.")
+    thresholds: dict[str, MetricThreshold] = Field(
+        default_factory=dict, description="Thresholds on the overall figures by TFMA's metric name (binary_accuracy, "
+        "auc, precision, root_mean_squared_error...), each of a metric in `metrics`.")
+    per_slice_thresholds: dict[str, PerSliceMetricThresholds] = Field(
+        default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
+        "slices of fewer than min_slice_size examples are reported, not gated.")
+
+    @model_validator(mode="after")
+    def _named_metrics(self):
+        names = self.by_class()
+        for field, keys in (("thresholds", self.thresholds), ("per_slice_thresholds", self.per_slice_thresholds)):
+            unknown = sorted(set(keys) - set(names))
+            if unknown:
+                raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
+                                 f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
+        return self
+
+    def by_class(self) -> dict[str, MetricConfig]:
+        """The spec's metrics by TFMA's name for them."""
+        return {tfma_metric_name(m.class_name): m for m in self.metrics}
 
 
 class EvaluatorConfig(Section):
@@ -175,9 +220,10 @@ class EvaluatorConfig(Section):
         "examples.")
     metrics_specs: list[MetricsSpec] = Field(
         default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
-        "...; each one of the Evaluator's own figures) and their thresholds, gated on the overall slice. A binary "
-        "metric named (BinaryAccuracy, BinaryCrossentropy, AUC) reads a model's one-column output as the "
-        "probability (or logit) of the label 1, not as a regression.")
+        "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on the "
+        "overall slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, and output_names. A "
+        "binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, Precision, Recall) reads a model's one-column "
+        "output as the probability (or logit) of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
     slicing_specs: list[SlicingSpec] = Field(
@@ -193,14 +239,38 @@ class EvaluatorConfig(Section):
     slice_relative_tolerance: float | None = Field(None, ge=0, description="The slices' relative_tolerance; null: relative_tolerance.")
     slice_absolute_tolerance: float | None = Field(None, ge=0, description="The slices' absolute_tolerance; null: absolute_tolerance.")
 
+    @model_validator(mode="after")
+    def _thresholds_on_evaluated_slices(self):
+        """A threshold's slices must be computed: the overall slice or one of slicing_specs (TFMA
+        fails such a threshold as a missing slice; here the config says so before a run)."""
+        specs = [spec for t in self.slice_thresholds for spec in t.slicing_specs]
+        specs += [spec for m in self.metrics_specs for ts in m.per_slice_thresholds.values()
+                  for t in ts.thresholds for spec in t.slicing_specs]
+        for spec in specs:
+            if spec != SlicingSpec() and spec not in self.slicing_specs:
+                raise ValueError(f"a threshold's slicing spec {spec.model_dump(exclude_defaults=True)} is not in "
+                                 "evaluator.slicing_specs, so its slices are not evaluated; add it there")
+        return self
+
     @property
     def binary(self) -> bool:
         """Whether metrics_specs names a binary metric (a one-column output is then a classifier's)."""
         return any(m.class_name in BINARY_METRICS for spec in self.metrics_specs for m in spec.metrics)
 
     def metric_thresholds(self, heads: dict[str, str]) -> list[SliceThreshold]:
-        """metrics_specs' thresholds as thresholds on the overall slice, one per head (`heads`: name -> kind)."""
-        return [SliceThreshold(metric=metric.figure(head, kind), value_threshold=metric.threshold.value_threshold,
-                               change_threshold=metric.threshold.change_threshold)
-                for spec in self.metrics_specs for metric in spec.metrics if metric.threshold is not None
-                for head, kind in heads.items()]
+        """metrics_specs' thresholds as per-slice thresholds, one per head of the spec (`heads`: name ->
+        kind): a metric's own threshold and the `thresholds` map on the overall slice, and the
+        `per_slice_thresholds` map on its specs' slices. An output name that is no head keeps its
+        name, so its figure is missing and the threshold refuses the candidate."""
+        out = []
+        for spec in self.metrics_specs:
+            metrics = spec.by_class()
+            wanted = [(m, [SlicingSpec()], m.threshold) for m in spec.metrics if m.threshold is not None]
+            wanted += [(metrics[name], [SlicingSpec()], t) for name, t in spec.thresholds.items()]
+            wanted += [(metrics[name], t.slicing_specs, t.threshold)
+                       for name, ts in spec.per_slice_thresholds.items() for t in ts.thresholds]
+            for head in spec.output_names or list(heads):
+                out += [SliceThreshold(slicing_specs=slices, metric=metric.figure(head, heads.get(head)),
+                                       value_threshold=t.value_threshold, change_threshold=t.change_threshold)
+                        for metric, slices, t in wanted]
+        return out

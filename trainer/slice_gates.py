@@ -39,15 +39,17 @@ def gate(report: dict, config: EvaluatorConfig, champion_compared: bool) -> list
     """The report's gates (also left in report["gates"]), each {slice, metric, candidate, champion,
     bound, passed, text}. `champion_compared`: the overall comparison with the champion took place
     (no champion, or one that could not be compared, leaves only the value thresholds)."""
-    gates, overall = [], config.metric_thresholds(report.get("_heads", {}))
+    # (threshold, whether it gates the overall slice whatever its examples: TFMA's metrics_specs do)
+    thresholds = [(t, True) for t in config.metric_thresholds(report.get("_heads", {}))]
+    thresholds += [(t, False) for t in config.slice_thresholds]
+    gates = []
     for entry in report["slices"]:
-        if not entry["_key"]:  # TFMA's metrics_specs gate the overall figures, whatever their examples
-            gates += [g for threshold in overall for g in _threshold(entry, threshold, champion_compared)]
         judged = entry["examples"] >= config.min_slice_size
         if config.slice_guard and champion_compared and entry["_key"] and judged:
             gates += [_guard(entry, metric, config) for metric in config.regression_metrics]
-        for threshold in config.slice_thresholds:
-            if judged and any(spec_matches(spec, entry["_key"]) for spec in threshold.slicing_specs):
+        for threshold, any_size in thresholds:
+            applies = judged or (any_size and not entry["_key"])
+            if applies and any(spec_matches(spec, entry["_key"]) for spec in threshold.slicing_specs):
                 gates += _threshold(entry, threshold, champion_compared)
     report["gates"] = gates
     return gates

@@ -303,6 +303,23 @@ def head_auc(histogram: np.ndarray) -> float | None:
     return float(np.mean(areas)) if areas else None
 
 
+def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, float]:
+    """A classifier's AUC from its histograms and, for a binary head, precision and recall of class
+    1 at its predicted class (p > 0.5, TFMA's default threshold; 0 without a predicted or an actual
+    positive, as TFMA's divide_no_nan gives)."""
+    out = {}
+    if f"{head}/auc_histogram" in sums:
+        auc = head_auc(sums[f"{head}/auc_histogram"])
+        if auc is not None:
+            out[f"{head}_auc"] = auc
+    cells = sums.get(f"{head}/confusion")
+    if cells is not None and np.size(cells) == 4:
+        _, false_positives, false_negatives, true_positives = np.asarray(cells, np.float64).tolist()
+        out[f"{head}_precision"] = true_positives / (true_positives + false_positives or 1.0)
+        out[f"{head}_recall"] = true_positives / (true_positives + false_negatives or 1.0)
+    return out
+
+
 class SliceTotals:
     """One model's per-slice sums over the batches, by slice key, and the overall calibration bins."""
 
@@ -321,7 +338,8 @@ class SliceTotals:
             self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
 
     def metrics(self, key: SliceKey) -> dict[str, float]:
-        """HeadTotals' metrics of the slice, with `<head>_mae` for regressions; a head without a
+        """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
+        classifiers and `_precision` and `_recall` for binary ones; a head without a
         labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
@@ -333,10 +351,9 @@ class SliceTotals:
                 metrics.pop("loss", None), metrics.pop("weighted_loss", None)
             elif f"{head.name}/abs_error" in sums:
                 metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
-            elif f"{head.name}/auc_histogram" in sums:
-                auc = head_auc(sums[f"{head.name}/auc_histogram"])
-                if auc is not None:
-                    metrics[f"{head.name}_auc"] = auc
+                metrics[f"{head.name}_mse"] = metrics[f"{head.name}_rmse"] ** 2
+            else:
+                metrics.update(classifier_figures(head.name, sums))
         return metrics
 
     def examples(self, key: SliceKey) -> int:
