@@ -37,7 +37,7 @@ class PredictionSummary:
     def add(self, answer, rows: int, candidate) -> None:
         from trainer.predicted import signature_columns
 
-        self._summary.add_batch(signature_columns(answer, rows, candidate.heads, candidate.output_keys))
+        self._summary.add_batch(signature_columns(answer, rows, candidate.heads, candidate.output_keys, candidate.logits))
         self.rows += rows
 
     def write(self, blessing, saved_model_dir: str) -> None:

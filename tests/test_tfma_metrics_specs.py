@@ -74,7 +74,7 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     metrics = [TAXI_ACCURACY, {"class_name": "AUC"}, {"class_name": "Precision"}, {"class_name": "Recall"}]
     decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics}],
                         answers=lambda answer, rows, candidate: answers.append(
-                            signature_columns(answer, rows, candidate.heads, candidate.output_keys)))
+                            signature_columns(answer, rows, candidate.heads, candidate.output_keys, candidate.logits)))
     figures = decision.candidate
     assert figures[f"{LABEL}_accuracy"] == pytest.approx(np.mean((p > 0.5) == y), abs=1e-9)
     assert figures[f"{LABEL}_loss"] == pytest.approx(log_loss(y, p), rel=1e-4)
@@ -92,6 +92,25 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     assert predicted == ["1" if v > 0.5 else "0" for v in p]
     assert decision.blessed, decision.summary()
     assert any("tips_accuracy" in r and "in [0.6, inf]" in r for r in decision.reasons), decision.reasons
+
+
+def test_the_reading_of_scores_is_decided_once_per_model(taxi_like, tmp_path):
+    """A logit model's batch whose logits all fall in [0, 1] is still read as logits; a model read
+    as probabilities on its first batch that answers a logit later is an error, not a mix."""
+    rng = np.random.default_rng(1)
+    spread, narrow = rng.normal(size=50).astype(np.float32), rng.uniform(0.25, 0.75, size=50).astype(np.float32)
+    y = (rng.uniform(size=100) < 0.5).astype(np.int64)
+    model = one_column_model(tmp_path / "logit", 2.0, -0.5, True)  # 2x - 0.5: in [0, 1] on the narrow rows
+    binary = {"metrics_specs": [{"metrics": [{"class_name": "BinaryAccuracy"}]}], "batch_size": 50}
+    x = np.concatenate([spread, narrow])
+    data = {**taxi_like, "eval": write_split(tmp_path / "spread_first.gz", x, y)}
+    p = 1 / (1 + np.exp(-(2.0 * x - 0.5)))
+    decision = evaluate(data, model, **binary)
+    assert decision.candidate[f"{LABEL}_loss"] == pytest.approx(log_loss(y, p), rel=1e-4)
+    assert decision.candidate[f"{LABEL}_accuracy"] == pytest.approx(np.mean((p > 0.5) == y), abs=1e-9)
+    data = {**taxi_like, "eval": write_split(tmp_path / "narrow_first.gz", np.concatenate([narrow, spread]), y)}
+    with pytest.raises(ValueError, match="read as probabilities .* but batch 2 holds scores that are not"):
+        evaluate(data, model, **binary)
 
 
 def test_without_a_binary_metric_one_column_stays_a_regression(taxi_like):

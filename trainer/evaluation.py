@@ -141,6 +141,9 @@ class RunningEvaluation:
         self._trivial = trivial
         self.slices = SliceTotals(self.heads) if sliced else None
         self._scores = None  # _batch_scores compiled, at the first batch
+        # A foreign classifier's reading of its scores (scores_reading), by head: True for logits.
+        self.logits: dict[str, bool] = {}
+        self._batches = 0
         self._open = ExitStack()
         # Only the outputs scored: a classifier's class names beside its scores are `[rows, classes]` strings.
         outputs = sorted(set(self._keys.values()))
@@ -160,6 +163,11 @@ class RunningEvaluation:
         labels = {h.name: tf.convert_to_tensor(labels[h.name]) for h in self.heads}
         outputs = {h.name: tf.convert_to_tensor(out[self._keys[h.name]]) for h in self.heads}
         index = slices.tensors() if slices is not None and self.slices is not None else {}
+        if self._logits_possible:
+            for h in self.heads:
+                if h.kind == CLASSIFICATION:
+                    self.logits[h.name] = scores_reading(h.name, outputs[h.name], self.logits.get(h.name), self._batches)
+        self._batches += 1
         if self._scores is None:
             self._scores = _compiled(self._batch_scores, labels, outputs, index)
         sums, trivial, per_slice, calibration = self._scores(labels, outputs, index)
@@ -177,9 +185,9 @@ class RunningEvaluation:
         (BatchSlices.tensors), also the sums per slice and the calibration bins."""
         targets = {h.name: h.encode_label(labels[h.name]) for h in self.heads}
         outputs = {name: tf.cast(value, tf.float32) for name, value in outputs.items()}
-        if self._logits_possible:
-            outputs = {h.name: as_probabilities(outputs[h.name]) if h.kind == CLASSIFICATION else outputs[h.name]
-                       for h in self.heads}
+        if self._logits_possible:  # the reading is fixed before the first trace (scores_reading)
+            outputs = {h.name: as_probabilities(outputs[h.name], self.logits[h.name]) if h.kind == CLASSIFICATION
+                       else outputs[h.name] for h in self.heads}
         losses = self._totals.row_losses(targets, outputs)
         trivial = self._trivial.batch_scores(targets, losses) if self._trivial is not None else ({}, {})
         if not index:
@@ -199,17 +207,40 @@ class RunningEvaluation:
         return self._totals.metrics()
 
 
-def as_probabilities(scores: tf.Tensor) -> tf.Tensor:
-    """A foreign classifier's scores as probabilities: kept when every row is one (values in [0, 1]
-    summing to 1), else read as logits (a Keras model compiled `from_logits=True`, TFX's penguin).
-    One column (a binary classifier's, model_spec): the probability of class 1 when every value is
-    in [0, 1], else its logit; answered as the two classes' `[1 - p, p]`."""
-    in_range = tf.reduce_all((scores >= 0.0) & (scores <= 1.0))
+def holds_probabilities(scores) -> bool:
+    """Whether a foreign classifier's `[rows, k]` scores can be probabilities: every value in
+    [0, 1] and, for k >= 2, every row summing to 1 (a Keras model compiled `from_logits=False`);
+    else they are logits (`from_logits=True`, TFX's penguin). One column (a binary classifier's,
+    model_spec) is the probability of class 1, or its logit."""
+    scores = np.asarray(scores, np.float32)
+    in_range = bool(np.all((scores >= 0.0) & (scores <= 1.0)))
     if scores.shape[-1] == 1:
-        p = tf.cond(in_range, lambda: scores, lambda: tf.sigmoid(scores))
+        return in_range
+    return in_range and bool(np.all(np.abs(scores.sum(axis=-1) - 1.0) < 1e-3))
+
+
+def as_probabilities(scores: tf.Tensor, logits: bool) -> tf.Tensor:
+    """A foreign classifier's scores as probabilities, read as logits or kept; one column is
+    answered as the two classes' `[1 - p, p]`."""
+    if scores.shape[-1] == 1:
+        p = tf.sigmoid(scores) if logits else scores
         return tf.concat([1.0 - p, p], axis=-1)
-    rows_sum_to_one = tf.reduce_all(tf.abs(tf.reduce_sum(scores, axis=-1) - 1.0) < 1e-3)
-    return tf.cond(rows_sum_to_one & in_range, lambda: scores, lambda: tf.nn.softmax(scores, axis=-1))
+    return tf.nn.softmax(scores, axis=-1) if logits else scores
+
+
+def scores_reading(head: str, scores, logits: bool | None, batch: int) -> bool:
+    """Whether a foreign classifier's scores are logits: decided on the first batch (`logits` None)
+    and kept for the model. A batch that cannot be probabilities after batches read as such is
+    an error: its figures would mix two readings of one output."""
+    probabilities = holds_probabilities(scores)
+    if logits is None:
+        return not probabilities
+    if not logits and not probabilities:
+        raise ValueError(f"head '{head}': the model's scores were read as probabilities (every value in [0, 1]"
+                         f"{', rows summing to 1' if np.shape(scores)[-1] > 1 else ''} in the first batch), but batch "
+                         f"{batch + 1} holds scores that are not; a model answering logits must answer some outside "
+                         "[0, 1] in its first batch (raise evaluator.batch_size) to be read as logits throughout")
+    return logits
 
 
 def _compiled(function: Callable, *examples: dict[str, tf.Tensor]) -> Callable:

@@ -10,19 +10,21 @@ import tensorflow as tf
 from tensorflow.core.example import example_pb2
 
 from serving import signature_names as names
-from trainer.evaluation import OpenSignature, as_probabilities, evaluation_signature, read_description
+from trainer.evaluation import OpenSignature, evaluation_signature, holds_probabilities, read_description
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import read_once, record_dataset
 
 EVAL_PREDICTIONS = "eval_predictions"  # the baseline split holding them
 
 
-def predicted_classes(scores: np.ndarray) -> np.ndarray:
+def predicted_classes(scores: np.ndarray, logits: bool | None = None) -> np.ndarray:
     """Each row's class index from `[rows, classes]` scores, as the Evaluator reads them: one
     column (a binary classifier's, trainer.model_spec) is the probability of class 1, or its logit
-    (trainer.evaluation.as_probabilities, the one rule)."""
+    (`logits`: the Evaluator's reading of the model, RunningEvaluation.logits; None: read from
+    these scores, trainer.evaluation.holds_probabilities)."""
     if scores.shape[1] == 1:
-        scores = as_probabilities(tf.constant(scores, tf.float32)).numpy()
+        logits = not holds_probabilities(scores) if logits is None else logits
+        return (scores[:, 0] > (0.0 if logits else 0.5)).astype(np.int64)
     return np.argmax(scores, axis=1)
 
 
@@ -44,7 +46,8 @@ def predicted_examples(predicted: dict[str, np.ndarray], heads: list[Head]) -> l
     return out
 
 
-def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head]) -> pa.RecordBatch:
+def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head],
+                      logits: dict[str, bool] | None = None) -> pa.RecordBatch:
     """The same rows as `predicted_examples`, as tfx-bsl's decoder lays out their serialized form
     (one list column per label column, one value per row), built without a proto per row."""
     columns = {}
@@ -55,17 +58,20 @@ def predicted_columns(predicted: dict[str, np.ndarray], heads: list[Head]) -> pa
         rows = len(values)
         if head.kind == CLASSIFICATION:
             names = np.array([v.encode() for v in head.vocabulary], dtype=object)
-            flat = pa.array(names[predicted_classes(values.reshape(rows, -1))], pa.large_binary())
+            classes = predicted_classes(values.reshape(rows, -1), (logits or {}).get(head.name))
+            flat = pa.array(names[classes], pa.large_binary())
         else:
             flat = pa.array(values.reshape(rows, -1)[:, 0].astype(np.float32), pa.float32())
         columns[head.label_column] = pa.LargeListArray.from_arrays(pa.array(np.arange(rows + 1), pa.int64()), flat)
     return pa.RecordBatch.from_pydict(dict(sorted(columns.items())))
 
 
-def signature_columns(outputs: dict[str, np.ndarray], rows: int, heads: list[Head], keys: dict[str, str]) -> pa.RecordBatch:
+def signature_columns(outputs: dict[str, np.ndarray], rows: int, heads: list[Head], keys: dict[str, str],
+                      logits: dict[str, bool] | None = None) -> pa.RecordBatch:
     """predicted_columns of a tf.Example signature's answer for `rows` examples (`keys`: each
-    head's output in it, trainer.evaluation.evaluation_signature)."""
-    return predicted_columns({h.name: outputs[keys[h.name]].reshape(rows, -1) for h in heads}, heads)
+    head's output in it, trainer.evaluation.evaluation_signature; `logits`: the Evaluator's reading
+    of a foreign classifier's scores, RunningEvaluation.logits)."""
+    return predicted_columns({h.name: outputs[keys[h.name]].reshape(rows, -1) for h in heads}, heads, logits)
 
 
 def eval_prediction_batches(saved_model_dir: str, eval_pattern: str, open_signature: OpenSignature,
