@@ -105,9 +105,13 @@ def test_the_reading_of_scores_is_decided_once_per_model(taxi_like, tmp_path):
     x = np.concatenate([spread, narrow])
     data = {**taxi_like, "eval": write_split(tmp_path / "spread_first.gz", x, y)}
     p = 1 / (1 + np.exp(-(2.0 * x - 0.5)))
-    decision = evaluate(data, model, **binary)
+    answers = []
+    decision = evaluate(data, model, answers=lambda answer, rows, candidate: answers.append(
+        signature_columns(answer, rows, candidate.heads, candidate.output_keys, candidate.logits)), **binary)
     assert decision.candidate[f"{LABEL}_loss"] == pytest.approx(log_loss(y, p), rel=1e-4)
     assert decision.candidate[f"{LABEL}_accuracy"] == pytest.approx(np.mean((p > 0.5) == y), abs=1e-9)
+    predicted = [v.decode() for batch in answers for v in batch.column(LABEL).flatten().to_pylist()]
+    assert predicted == ["1" if v > 0.5 else "0" for v in p]  # a narrow row's logit 0.3 is class 1 (p 0.57), not 0
     data = {**taxi_like, "eval": write_split(tmp_path / "narrow_first.gz", np.concatenate([narrow, spread]), y)}
     with pytest.raises(ValueError, match="read as probabilities .* but batch 2 holds scores that are not"):
         evaluate(data, model, **binary)

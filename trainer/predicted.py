@@ -10,7 +10,8 @@ import tensorflow as tf
 from tensorflow.core.example import example_pb2
 
 from serving import signature_names as names
-from trainer.evaluation import OpenSignature, evaluation_signature, holds_probabilities, read_description
+from trainer.evaluation import (OpenSignature, as_probabilities, evaluation_signature, holds_probabilities,
+                                read_description)
 from trainer.heads import CLASSIFICATION, Head
 from trainer.inputs import read_once, record_dataset
 
@@ -24,7 +25,7 @@ def predicted_classes(scores: np.ndarray, logits: bool | None = None) -> np.ndar
     these scores, trainer.evaluation.holds_probabilities)."""
     if scores.shape[1] == 1:
         logits = not holds_probabilities(scores) if logits is None else logits
-        return (scores[:, 0] > (0.0 if logits else 0.5)).astype(np.int64)
+        scores = as_probabilities(tf.constant(scores, tf.float32), logits).numpy()
     return np.argmax(scores, axis=1)
 
 
