@@ -6,6 +6,7 @@ the overall calibration histogram) and `validations.tfrecord` (ValidationResult)
 from __future__ import annotations
 
 import os
+import re
 
 import tensorflow as tf
 
@@ -74,10 +75,19 @@ def metric_key(name: str, heads: list[str], model_name: str, is_diff: bool = Fal
 
     for head in sorted(heads, key=len, reverse=True):  # the longest head name that prefixes it
         if name.startswith(f"{head}_"):
-            suffix = name[len(head) + 1:]
-            return metrics_for_slice_pb2.MetricKey(name=_TFMA_NAMES.get(suffix, suffix), output_name=head,
-                                                   model_name=model_name, is_diff=is_diff)
+            suffix, class_id = _class_of(name[len(head) + 1:])
+            key = metrics_for_slice_pb2.MetricKey(name=_TFMA_NAMES.get(suffix, suffix), output_name=head,
+                                                  model_name=model_name, is_diff=is_diff)
+            if class_id is not None:  # a binarized figure (MetricsSpec.binarize): TFMA's sub key
+                key.sub_key.class_id.value = class_id
+            return key
     return metrics_for_slice_pb2.MetricKey(name=name, model_name=model_name, is_diff=is_diff)
+
+
+def _class_of(suffix: str) -> tuple[str, int | None]:
+    """`recall_class_2` -> ("recall", 2) (trainer.evaluator_config.class_figure); others unchanged."""
+    match = re.fullmatch(r"(.+)_class_(\d+)", suffix)
+    return (match.group(1), int(match.group(2))) if match else (suffix, None)
 
 
 def slice_key(entry: dict, kinds: dict[str, str]):

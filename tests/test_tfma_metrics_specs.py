@@ -185,6 +185,57 @@ def test_the_thresholds_are_in_tfma_s_eval_config():
     assert list(written.slicing_specs[0].feature_keys) == ["x"] and written.threshold.value_threshold.lower_bound.value == 0.5
 
 
+def three_class_model(path) -> str:
+    """`serving_default` answers softmax([2x, 0, -2x]) (classes 0, 1, 2) for serialized tf.Examples."""
+    module = tf.Module()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def serve(examples):
+        x = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([1], tf.float32)})["x"]
+        return {"output_0": tf.nn.softmax(tf.concat([2.0 * x, tf.zeros_like(x), -2.0 * x], axis=1))}
+
+    module.serve = serve
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return str(path)
+
+
+def test_binarize_computes_each_class_against_the_rest(tmp_path):
+    """TFMA's binarize.class_ids: a multi-class head's accuracy, precision, recall and AUC of each
+    class one against the rest (its probability above 0.5), against scikit-learn's; thresholds
+    apply to every class id, and the TFMA result keys them by class id."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=600).astype(np.float32)
+    y = np.digitize(-x + rng.normal(scale=0.5, size=600), [-0.6, 0.6]).astype(np.int64)  # 0: high x, 2: low
+    data = {"train": write_split(tmp_path / "train.gz", x[:400], y[:400]),
+            "eval": write_split(tmp_path / "eval.gz", x[400:], y[400:])}
+    model = three_class_model(tmp_path / "model")
+    logits = np.stack([2.0 * x[400:], np.zeros(200), -2.0 * x[400:]], axis=1)
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    truth = y[400:]
+    metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC")]
+    strict = {"value_threshold": {"lower_bound": 0.99}}
+    decision = evaluate(data, model, metrics_specs=[{"metrics": metrics, "binarize": {"class_ids": {"values": [0, 1]}},
+                                                     "thresholds": {"recall": strict}}])
+    overall = decision.slices_json()["slices"][0]["candidate"]
+    for c in (0, 1):
+        positive, predicted = truth == c, p[:, c] > 0.5
+        assert overall[f"{LABEL}_accuracy_class_{c}"] == pytest.approx(np.mean(positive == predicted), abs=1e-9)
+        assert overall[f"{LABEL}_precision_class_{c}"] == pytest.approx(precision_score(positive, predicted, zero_division=0), abs=1e-9)
+        assert overall[f"{LABEL}_recall_class_{c}"] == pytest.approx(recall_score(positive, predicted), abs=1e-9)
+        assert overall[f"{LABEL}_auc_class_{c}"] == pytest.approx(roc_auc_score(positive, p[:, c]), abs=2e-3)
+    assert f"{LABEL}_recall_class_2" not in overall and f"{LABEL}_precision" not in overall
+    # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name.
+    assert overall[f"{LABEL}_recall_class_1"] == 0.0
+    assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_recall_class_1")], decision.failed
+    assert not decision.blessed
+
+    from components.tfma_result import metric_key
+    key = metric_key(f"{LABEL}_recall_class_1", [LABEL], "candidate")
+    assert (key.name, key.output_name, key.sub_key.class_id.value) == ("recall", LABEL, 1)
+    with pytest.raises(ValidationError, match="binarize: BinaryCrossentropy is not computed per class"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "BinaryCrossentropy"}], "binarize": {"class_ids": {"values": [0]}}}])
+
+
 def test_a_metric_of_another_head_kind_refuses_naming_it(taxi_like):
     model = one_column_model(taxi_like["root"] / "kinds", 2.0, -0.5, False)
     decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [

@@ -134,6 +134,29 @@ class MetricConfig(Section):
         return f"{head}_{figure}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
 
 
+# Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
+# histograms of the class's probability at TFMA's threshold 0.5 (trainer.slicing.class_figures).
+BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall", "examples"})
+
+
+def class_figure(figure: str, class_id: int) -> str:
+    """A head's figure of one class against the rest: `species_recall` -> `species_recall_class_2`."""
+    return f"{figure}_class_{class_id}"
+
+
+class ClassIds(Section):
+    """TFMA's RepeatedInt32Value."""
+
+    values: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description="Class ids (0..k-1).")
+
+
+class BinarizationOptions(Section):
+    """TFMA's BinarizationOptions, its class_ids (k_list and top_k_list are not computed)."""
+
+    class_ids: ClassIds = Field(default_factory=ClassIds, description="The classes each metric is computed for, "
+                                "one against the rest, at probability 0.5: {values: [0, 2]}.")
+
+
 class PerSliceMetricThreshold(Section):
     """TFMA's PerSliceMetricThreshold: a threshold on the slices of the given specs."""
 
@@ -161,6 +184,9 @@ class MetricsSpec(Section):
     per_slice_thresholds: dict[str, PerSliceMetricThresholds] = Field(
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
+    binarize: BinarizationOptions | None = Field(
+        None, description="TFMA's binarize: the metrics (accuracy, AUC, precision, recall) of each class id one "
+        "against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
 
     @model_validator(mode="after")
     def _named_metrics(self):
@@ -170,7 +196,19 @@ class MetricsSpec(Section):
             if unknown:
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
+        per_class = [m.class_name for m in self.metrics if TFMA_METRICS[m.class_name][0] not in BINARIZED_FIGURES]
+        if self.binarize is not None and per_class:
+            raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
+                             f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in BINARIZED_FIGURES)}")
         return self
+
+    def figures(self, metric: MetricConfig, head: str, kind: str | None) -> list[str]:
+        """The figures a metric of this spec is of one head: one, or one per binarized class id."""
+        figure = metric.figure(head, kind)
+        ids = self.binarize.class_ids.values if self.binarize is not None else []
+        if not ids or metric.class_name == "ExampleCount":
+            return [figure]
+        return [class_figure(figure, c) for c in ids]
 
     def by_class(self) -> dict[str, MetricConfig]:
         """The spec's metrics by TFMA's name for them."""
@@ -270,7 +308,16 @@ class EvaluatorConfig(Section):
             wanted += [(metrics[name], t.slicing_specs, t.threshold)
                        for name, ts in spec.per_slice_thresholds.items() for t in ts.thresholds]
             for head in spec.output_names or list(heads):
-                out += [SliceThreshold(slicing_specs=slices, metric=metric.figure(head, heads.get(head)),
-                                       value_threshold=t.value_threshold, change_threshold=t.change_threshold)
-                        for metric, slices, t in wanted]
+                out += [SliceThreshold(slicing_specs=slices, metric=figure, value_threshold=t.value_threshold,
+                                       change_threshold=t.change_threshold)
+                        for metric, slices, t in wanted for figure in spec.figures(metric, head, heads.get(head))]
         return out
+
+    def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:
+        """The class ids each head's figures are wanted for one against the rest (metrics_specs' binarize)."""
+        out: dict[str, set[int]] = {}
+        for spec in self.metrics_specs:
+            if spec.binarize is not None:
+                for head in spec.output_names or heads:
+                    out.setdefault(head, set()).update(spec.binarize.class_ids.values)
+        return {head: sorted(ids) for head, ids in out.items()}

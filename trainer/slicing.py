@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from trainer.evaluator_config import class_figure
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
@@ -320,6 +321,26 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, floa
     return out
 
 
+def class_figures(head: str, histogram: np.ndarray, class_ids: list[int]) -> dict[str, float]:
+    """Each class's figures one against the rest, as TFMA's binarize computes them: the class's
+    probability above 0.5 is a positive (buckets above AUC_BUCKETS / 2), the label being the class a
+    positive label. A class id the head does not have, or without a labelled row, has none."""
+    out = {}
+    for c in class_ids:
+        if c >= len(histogram):
+            continue
+        negatives, positives = histogram[c, :, 0], histogram[c, :, 1]
+        half = AUC_BUCKETS // 2 + 1  # bucket ceil(p x AUC_BUCKETS) > AUC_BUCKETS / 2 exactly when p > 0.5
+        tp, fp = positives[half:].sum(), negatives[half:].sum()
+        fn, tn = positives[:half].sum(), negatives[:half].sum()
+        if tp + fp + fn + tn == 0:
+            continue
+        figures = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "precision": tp / (tp + fp or 1.0),
+                   "recall": tp / (tp + fn or 1.0), "auc": roc_auc(negatives, positives)}
+        out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in figures.items() if v is not None})
+    return out
+
+
 class SliceTotals:
     """One model's per-slice sums over the batches, by slice key, and the overall calibration bins."""
 
@@ -337,9 +358,10 @@ class SliceTotals:
         for name, value in calibration.items():
             self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
 
-    def metrics(self, key: SliceKey) -> dict[str, float]:
+    def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
-        classifiers and `_precision` and `_recall` for binary ones; a head without a
+        classifiers and `_precision` and `_recall` for binary ones, and `class_ids`' figures one class
+        against the rest (`{head: ids}`: class_figures); a head without a
         labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
@@ -354,6 +376,8 @@ class SliceTotals:
                 metrics[f"{head.name}_mse"] = metrics[f"{head.name}_rmse"] ** 2
             else:
                 metrics.update(classifier_figures(head.name, sums))
+                if (class_ids or {}).get(head.name) and f"{head.name}/auc_histogram" in sums:
+                    metrics.update(class_figures(head.name, sums[f"{head.name}/auc_histogram"], class_ids[head.name]))
         return metrics
 
     def examples(self, key: SliceKey) -> int:
