@@ -103,6 +103,27 @@ def module_function(module_file: str, name: str, *, required: bool = True) -> Ca
 
 
 @contextlib.contextmanager
+def tfx_keras():
+    """`tf.keras` as Keras 2 (tf_keras) for the `with` block, the Keras a TFX module gets from TFX:
+    tensorflow_transform sets TF_USE_LEGACY_KERAS when it is imported, which decides `tf.keras` if
+    nothing read it before. A process that read it first (a script or notebook that used Keras 3
+    through `tf.keras` before calling run_local) keeps Keras 3 there, and a run_fn's Keras 3 model
+    saved with `tf.saved_model.save` does not restore in a TF1 Session, as TF Serving calls it
+    (`Could not find variable dense_1/kernel`). The module is imported and called in the block,
+    so its `from tensorflow import keras` and `tf.keras` are Keras 2 either way; `tf.keras` is put
+    back after."""
+    import tensorflow as tf
+    import tf_keras.api._v2.keras as keras_2  # what TensorFlow's loader gives under TF_USE_LEGACY_KERAS
+
+    before = vars(tf)["keras"]  # TensorFlow's lazy loader, or the module it loaded
+    tf.keras = keras_2
+    try:
+        yield
+    finally:
+        tf.keras = before
+
+
+@contextlib.contextmanager
 def keras_tuner_on_module_keras():
     """KerasTuner bound to the Keras a TFX module builds its models with, for the `with` block.
 

@@ -111,7 +111,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     import tensorflow as tf
 
     from components.tfx_fn_args import trainer_fn_args
-    from components.tfx_module_file import module_function, printed_to_log
+    from components.tfx_module_file import module_function, printed_to_log, tfx_keras
     from serving.signature_names import DEFAULT
     from tracking.training_run import TAG_MODEL_URI, start_training_run
     from trainer.export import dropped_variants
@@ -119,13 +119,14 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     from trainer.foreign_export import export_foreign
     from trainer.session_check import session_problem
 
-    run_fn = module_function(config.module_file, "run_fn")
+    with tfx_keras():
+        run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config, hyperparameters)
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:  # whatever stops the Trainer from here marks its MLflow run failed
         # TFX seeds nothing; seeded, the same data, module and keys train the same model.
         keras.utils.set_random_seed(config.seed)
-        with printed_to_log(logging.getLogger("loopline.trainer")):
+        with tfx_keras(), printed_to_log(logging.getLogger("loopline.trainer")):
             run_fn(fn_args)
         if not tf.saved_model.contains_saved_model(fn_args.serving_model_dir):
             raise ValueError(f"{config.module_file}: run_fn wrote no SavedModel to fn_args.serving_model_dir "

@@ -61,11 +61,12 @@ def Transform(
     from tfx.proto import example_gen_pb2
     from tfx_bsl.public import tfxio
 
-    from components.tfx_module_file import module_function
+    from components.tfx_module_file import module_function, tfx_keras
     from validation.schema import load_schema
     from validation.statistics import read_statistics
 
-    preprocessing_fn = module_function(module_file, "preprocessing_fn")
+    with tfx_keras():
+        preprocessing_fn = module_function(module_file, "preprocessing_fn")
     train_stats = read_statistics(artifact_utils.get_split_uri([statistics], TRAIN_SPLIT))
     raw_schema = dense_where_always_one(load_schema(schema.uri), train_stats)
     splits = artifact_utils.decode_split_names(examples.split_names)

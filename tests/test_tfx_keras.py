@@ -1,0 +1,56 @@
+"""A TFX module gets Keras 2 as `tf.keras`, as TFX gives it, also in a process that read `tf.keras`
+as Keras 3 first (a script or notebook calling run_local): a run_fn's Keras 3 model saved with
+`tf.saved_model.save` does not restore in a TF1 Session, the way TF Serving calls a model."""
+import keras
+import pytest
+import tensorflow as tf
+
+from components.tfx_module_file import module_function, tfx_keras
+from trainer.session_check import session_problem
+
+MODULE = '''
+import tensorflow as tf
+from tensorflow import keras
+
+
+def run_fn(fn_args):
+    """Builds, fits and saves a small model, as a TFX module's run_fn does."""
+    inputs = keras.Input(shape=(2,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(4, activation="relu")(inputs)))
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(tf.zeros([8, 2]), tf.zeros([8, 3]), verbose=0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def serve(examples):
+        x = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([2], tf.float32)})["x"]
+        return {"outputs": model(x)}
+
+    tf.saved_model.save(model, fn_args, signatures={"serving_default": serve})
+    return keras.Model.__module__
+'''
+
+
+@pytest.fixture
+def keras_3_first(monkeypatch):
+    """tf.keras resolved to Keras 3 before any TFX module runs."""
+    monkeypatch.setattr(tf, "keras", keras._tf_keras.keras)
+    return keras._tf_keras.keras
+
+
+def test_a_module_gets_keras_2_and_its_saved_model_runs_in_a_session(keras_3_first, tmp_path):
+    module_file = tmp_path / "tfx_module.py"
+    module_file.write_text(MODULE)
+    with tfx_keras():
+        run_fn = module_function(str(module_file), "run_fn")
+        assert run_fn(str(tmp_path / "model")).startswith("tf_keras.")
+    assert tf.keras is keras_3_first  # put back
+    assert session_problem(str(tmp_path / "model")) is None
+
+
+def test_without_it_the_same_module_s_keras_3_model_fails_in_a_session(keras_3_first, tmp_path):
+    """What the block prevents: the same module imported and called with Keras 3 as `tf.keras`."""
+    module_file = tmp_path / "keras_3_module.py"
+    module_file.write_text(MODULE)
+    run_fn = module_function(str(module_file), "run_fn")
+    assert run_fn(str(tmp_path / "model")).startswith("keras.")
+    assert "Could not find variable" in (session_problem(str(tmp_path / "model")) or "")
