@@ -10,6 +10,8 @@ import re
 
 import tensorflow as tf
 
+from trainer.evaluator_config import SlicingSpec
+
 CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candidate and its baseline
 
 # loopline's per-head metric suffixes as TFMA names them (metric key name, per output = head).
@@ -44,7 +46,9 @@ def write_eval_result(folder: str, report: dict, config, heads: list[str], candi
     result = validation_result_pb2.ValidationResult(validation_ok=all(g["passed"] for g in report["gates"]))
     failing = {}
     for g in report["gates"]:
-        if not g["passed"]:
+        if g.get("missing"):  # a threshold no evaluated slice is of (trainer.slice_gates._missing)
+            result.missing_slices.extend(tfma_slicing_spec(SlicingSpec(**spec)) for spec in g["missing"])
+        elif not g["passed"]:
             entry = next(s for s in report["slices"] if s["slice"] == g["slice"])
             if g["slice"] not in failing:
                 failing[g["slice"]] = result.metric_validations_per_slice.add(slice_key=slice_key(entry, kinds))
@@ -156,7 +160,7 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
 def eval_config(config, compared: bool, heads: dict[str, str] | None = None):
     """The EvalConfig this evaluation is equivalent to: the models, the slicing specs (overall first;
     loopline's buckets have no TFMA field and are left out of the spec), the per-slice thresholds
-    and metrics_specs' (on the overall slice, named by loopline's figures; `heads`: name -> kind)."""
+    and metrics_specs' (on the slices they apply to, named by loopline's figures; `heads`: name -> kind)."""
     from tensorflow_model_analysis.proto import config_pb2
 
     specs = [config_pb2.ModelSpec(name=CANDIDATE, signature_name=config.signature_name, label_key=config.label_key or "")]

@@ -110,17 +110,27 @@ def tfx_keras():
     through `tf.keras` before calling run_local) keeps Keras 3 there, and a run_fn's Keras 3 model
     saved with `tf.saved_model.save` does not restore in a TF1 Session, as TF Serving calls it
     (`Could not find variable dense_1/kernel`). The module is imported and called in the block,
-    so its `from tensorflow import keras` and `tf.keras` are Keras 2 either way; `tf.keras` is put
-    back after."""
+    so its `tf.keras`, `from tensorflow import keras` and `from tensorflow.keras[.<submodule>]
+    import ...` are Keras 2 either way; all are put back after. The swap is the process's: what
+    else runs in the block (Beam's workers for a preprocessing_fn) sees it too."""
     import tensorflow as tf
     import tf_keras.api._v2.keras as keras_2  # what TensorFlow's loader gives under TF_USE_LEGACY_KERAS
 
-    before = vars(tf)["keras"]  # TensorFlow's lazy loader, or the module it loaded
+    modules = {"tensorflow.keras": keras_2}
+    modules.update({f"tensorflow.keras.{name}": value for name, value in vars(keras_2).items()
+                    if isinstance(value, types.ModuleType) and not name.startswith("_")})
+    before, before_modules = vars(tf)["keras"], {name: sys.modules.get(name) for name in modules}
     tf.keras = keras_2
+    sys.modules.update(modules)
     try:
         yield
     finally:
         tf.keras = before
+        for name, module in before_modules.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 @contextlib.contextmanager

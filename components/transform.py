@@ -79,7 +79,7 @@ def Transform(
         return pipeline | f"Read[{split}]" >> source.BeamSource(), source.TensorAdapterConfig()
 
     temp_dir = os.path.join(transform_graph.uri, "tmp")  # tf.Transform's working files, removed at the end
-    with beam_pipeline as pipeline, tft_beam.Context(temp_dir=temp_dir):
+    with tfx_keras(), beam_pipeline as pipeline, tft_beam.Context(temp_dir=temp_dir):  # preprocessing_fn runs here
         raw = {split: read(pipeline, split) for split in splits}
         transform_fn = raw[TRAIN_SPLIT] | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
         _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(transform_graph.uri)

@@ -176,9 +176,16 @@ def test_thresholds_follow_tfmas_metric_threshold_semantics():
     sex = SlicingSpec(feature_keys=["sex"])
     spec_elsewhere = EvaluatorConfig(slicing_specs=[sex], slice_thresholds=[SliceThreshold(
         slicing_specs=[sex], metric="species_accuracy", value_threshold={"lower_bound": 1})])
-    assert gate(report(0.1, None), spec_elsewhere, False) == []  # applies to the sex slices only
-    with pytest.raises(ValidationError, match=r"slicing spec \{'feature_keys': \['sex'\]\} is not in evaluator.slicing_specs"):
+    # It applies to the sex slices only; the report has none, which fails as TFMA's missing slices do.
+    [missing_sex] = gate(report(0.1, None), spec_elsewhere, False)
+    assert not missing_sex["passed"] and "no evaluated slice" in missing_sex["text"]
+    with pytest.raises(ValidationError, match=r"slicing spec \{'feature_keys': \['sex'\]\} is not within evaluator.slicing_specs"):
         EvaluatorConfig(slice_thresholds=spec_elsewhere.slice_thresholds)
+    # One value's slice is within a spec of its feature (TFMA's is_slice_applicable); another feature's is not.
+    one_island = [SliceThreshold(slicing_specs=[{"feature_values": {"island": "Dream"}}], metric="species_accuracy")]
+    assert EvaluatorConfig(slicing_specs=[island], slice_thresholds=one_island)
+    with pytest.raises(ValidationError, match="is not within"):
+        EvaluatorConfig(slicing_specs=[sex], slice_thresholds=one_island)
     # Fail closed: a gated metric the candidate does not have refuses it.
     unknown = EvaluatorConfig(slicing_specs=[island], slice_thresholds=[SliceThreshold(
         slicing_specs=[island], metric="species_auc", value_threshold={"lower_bound": 0.5})])

@@ -142,10 +142,27 @@ def test_the_threshold_maps_and_output_names_of_a_metrics_spec(taxi_like):
     by_label = evaluate(taxi_like, model, min_slice_size=1, **sliced)
     assert sorted(f.split(":")[0] for f in by_label.failed) == ["slice tips=0", "slice tips=1"], by_label.failed
     assert evaluate(taxi_like, model, min_slice_size=10_000, **sliced).blessed  # reported, not gated
-    with pytest.raises(ValidationError, match="is not in evaluator.slicing_specs"):
+    with pytest.raises(ValidationError, match="is not within evaluator.slicing_specs"):
         EvaluatorConfig(metrics_specs=[spec])
+    # As in TFMA, a metric's own threshold (no slicing spec) is on every evaluated slice.
+    everywhere = {"metrics_specs": [{"metrics": [{"class_name": "BinaryAccuracy", "threshold": strict}]}],
+                  "slicing_specs": [{"feature_keys": [LABEL]}], "slice_guard": False, "min_slice_size": 1}
+    failed = evaluate(taxi_like, model, **everywhere).failed
+    assert sorted(f.split(":")[0] for f in failed) == ["slice Overall", "slice tips=0", "slice tips=1"], failed
+    # A threshold on one value's slice, within the evaluated specs; a value no eval row holds fails, as
+    # TFMA's missing slices do.
+    lenient = {"value_threshold": {"lower_bound": 0.0}}
+    config = {"slicing_specs": [{"feature_keys": [LABEL]}], "slice_guard": False, "min_slice_size": 1}
+    per_value = {"binary_accuracy": {"thresholds": [{"slicing_specs": [{"feature_values": {LABEL: "1"}}], "threshold": lenient}]}}
+    assert evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics, "per_slice_thresholds": per_value}], **config).blessed
+    per_value["binary_accuracy"]["thresholds"][0]["slicing_specs"] = [{"feature_values": {LABEL: "7"}}]
+    missing = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics, "per_slice_thresholds": per_value}], **config)
+    assert any("no evaluated slice is of the threshold's slicing specs [{'feature_values': {'tips': '7'}}]" in f
+               for f in missing.failed), missing.failed
 
-    assert evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics, "output_names": [LABEL]}]).blessed
+    reached = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "Precision", "threshold": strict}],
+                                                         "output_names": [LABEL]}])
+    assert [f for f in reached.failed if f.startswith("slice Overall: tips_precision")], reached.failed
     other = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "Precision", "threshold": strict}],
                                                        "output_names": ["tip_amount"]}])
     assert any("tip_amount_Precision not computed for the candidate" in f for f in other.failed), other.failed
@@ -220,12 +237,13 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
     for c in (0, 1):
         positive, predicted = truth == c, p[:, c] > 0.5
         assert overall[f"{LABEL}_accuracy_class_{c}"] == pytest.approx(np.mean(positive == predicted), abs=1e-9)
-        assert overall[f"{LABEL}_precision_class_{c}"] == pytest.approx(precision_score(positive, predicted, zero_division=0), abs=1e-9)
         assert overall[f"{LABEL}_recall_class_{c}"] == pytest.approx(recall_score(positive, predicted), abs=1e-9)
         assert overall[f"{LABEL}_auc_class_{c}"] == pytest.approx(roc_auc_score(positive, p[:, c]), abs=2e-3)
+    assert overall[f"{LABEL}_precision_class_0"] == pytest.approx(precision_score(truth == 0, p[:, 0] > 0.5), abs=1e-9)
     assert f"{LABEL}_recall_class_2" not in overall and f"{LABEL}_precision" not in overall
-    # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name.
-    assert overall[f"{LABEL}_recall_class_1"] == 0.0
+    # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name;
+    # its precision has no predicted positive to divide by (TFMA's NaN), so there is none.
+    assert overall[f"{LABEL}_recall_class_1"] == 0.0 and f"{LABEL}_precision_class_1" not in overall
     assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_recall_class_1")], decision.failed
     assert not decision.blessed
 

@@ -1,6 +1,8 @@
 """A TFX module gets Keras 2 as `tf.keras`, as TFX gives it, also in a process that read `tf.keras`
 as Keras 3 first (a script or notebook calling run_local): a run_fn's Keras 3 model saved with
 `tf.saved_model.save` does not restore in a TF1 Session, the way TF Serving calls a model."""
+import sys
+
 import keras
 import pytest
 import tensorflow as tf
@@ -11,12 +13,14 @@ from trainer.session_check import session_problem
 MODULE = '''
 import tensorflow as tf
 from tensorflow import keras
+from tensorflow.keras import layers
+from tensorflow.keras.layers import Dense
 
 
 def run_fn(fn_args):
     """Builds, fits and saves a small model, as a TFX module's run_fn does."""
     inputs = keras.Input(shape=(2,), name="x")
-    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(4, activation="relu")(inputs)))
+    model = keras.Model(inputs, Dense(3)(layers.Dense(4, activation="relu")(inputs)))
     model.compile(optimizer="adam", loss="mse")
     model.fit(tf.zeros([8, 2]), tf.zeros([8, 3]), verbose=0)
 
@@ -26,7 +30,7 @@ def run_fn(fn_args):
         return {"outputs": model(x)}
 
     tf.saved_model.save(model, fn_args, signatures={"serving_default": serve})
-    return keras.Model.__module__
+    return [keras.Model.__module__, layers.Dense.__module__, Dense.__module__]
 '''
 
 
@@ -40,11 +44,20 @@ def keras_3_first(monkeypatch):
 def test_a_module_gets_keras_2_and_its_saved_model_runs_in_a_session(keras_3_first, tmp_path):
     module_file = tmp_path / "tfx_module.py"
     module_file.write_text(MODULE)
+    keras_3_modules = {name: sys.modules.get(name) for name in ("tensorflow.keras", "tensorflow.keras.layers")}
     with tfx_keras():
         run_fn = module_function(str(module_file), "run_fn")
-        assert run_fn(str(tmp_path / "model")).startswith("tf_keras.")
-    assert tf.keras is keras_3_first  # put back
+        assert all(name.startswith("tf_keras.") for name in run_fn(str(tmp_path / "model")))
+    assert tf.keras is keras_3_first  # put back, with the import system's view of it
+    assert {name: sys.modules.get(name) for name in keras_3_modules} == keras_3_modules
     assert session_problem(str(tmp_path / "model")) is None
+
+
+def test_keras_is_put_back_when_the_module_fails(keras_3_first):
+    with pytest.raises(RuntimeError, match="run_fn failed"), tfx_keras():
+        assert tf.keras is not keras_3_first
+        raise RuntimeError("run_fn failed")
+    assert tf.keras is keras_3_first
 
 
 def test_without_it_the_same_module_s_keras_3_model_fails_in_a_session(keras_3_first, tmp_path):
@@ -52,5 +65,5 @@ def test_without_it_the_same_module_s_keras_3_model_fails_in_a_session(keras_3_f
     module_file = tmp_path / "keras_3_module.py"
     module_file.write_text(MODULE)
     run_fn = module_function(str(module_file), "run_fn")
-    assert run_fn(str(tmp_path / "model")).startswith("keras.")
+    assert run_fn(str(tmp_path / "model"))[0].startswith("keras.")
     assert "Could not find variable" in (session_problem(str(tmp_path / "model")) or "")

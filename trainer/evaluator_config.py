@@ -28,6 +28,16 @@ class SlicingSpec(Section):
         "between these ascending boundaries, with (-inf, b_0) and [b_last, inf) at the ends; crossed with feature_keys. "
         "TFMA buckets through a Transform feature instead.")
 
+    def columns(self) -> set[str]:
+        """The features a slice of this spec is keyed by."""
+        return set(self.feature_keys) | set(self.feature_values) | set(self.feature_buckets)
+
+    def within(self, evaluated: "SlicingSpec") -> bool:
+        """Whether this spec's slices are among an evaluated spec's: the same features, the same
+        buckets, and the evaluated spec's fixed values fixed alike (TFMA's is_slice_applicable)."""
+        return (self.columns() == evaluated.columns() and self.feature_buckets == evaluated.feature_buckets
+                and all(self.feature_values.get(k) == v for k, v in evaluated.feature_values.items()))
+
     @model_validator(mode="after")
     def _ascending(self):
         for name, bounds in self.feature_buckets.items():
@@ -118,7 +128,9 @@ class MetricConfig(Section):
     """TFMA's MetricConfig: a metric by its class name, and its threshold."""
 
     class_name: str = Field(description=f"One of {', '.join(TFMA_METRICS)}.")
-    threshold: MetricThreshold | None = Field(None, description="Gates the overall figure (whatever its examples).")
+    threshold: MetricThreshold | None = Field(None, description="Gates the figure on every evaluated slice, as TFMA "
+                                              "does: the overall one whatever its examples, the others from "
+                                              "min_slice_size examples.")
 
     @model_validator(mode="after")
     def _known(self):
@@ -179,8 +191,8 @@ class MetricsSpec(Section):
     output_names: list[str] = Field(default_factory=list, description="The heads the metrics are of; []: every head. "
                                     "A name that is not a head of the candidate refuses it.")
     thresholds: dict[str, MetricThreshold] = Field(
-        default_factory=dict, description="Thresholds on the overall figures by TFMA's metric name (binary_accuracy, "
-        "auc, precision, root_mean_squared_error...), each of a metric in `metrics`.")
+        default_factory=dict, description="Thresholds by TFMA's metric name (binary_accuracy, auc, precision, "
+        "root_mean_squared_error...), each of a metric in `metrics`, on every evaluated slice as a metric's own.")
     per_slice_thresholds: dict[str, PerSliceMetricThresholds] = Field(
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
@@ -197,7 +209,7 @@ class MetricsSpec(Section):
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
         per_class = [m.class_name for m in self.metrics if TFMA_METRICS[m.class_name][0] not in BINARIZED_FIGURES]
-        if self.binarize is not None and per_class:
+        if self.binarize is not None and self.binarize.class_ids.values and per_class:
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
                              f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in BINARIZED_FIGURES)}")
         return self
@@ -258,8 +270,9 @@ class EvaluatorConfig(Section):
         "examples.")
     metrics_specs: list[MetricsSpec] = Field(
         default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
-        "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on the "
-        "overall slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, and output_names. A "
+        "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on every "
+        "evaluated slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, output_names and "
+        "binarize. A "
         "binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, Precision, Recall) reads a model's one-column "
         "output as the probability (or logit) of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
@@ -285,8 +298,8 @@ class EvaluatorConfig(Section):
         specs += [spec for m in self.metrics_specs for ts in m.per_slice_thresholds.values()
                   for t in ts.thresholds for spec in t.slicing_specs]
         for spec in specs:
-            if spec != SlicingSpec() and spec not in self.slicing_specs:
-                raise ValueError(f"a threshold's slicing spec {spec.model_dump(exclude_defaults=True)} is not in "
+            if spec != SlicingSpec() and not any(spec.within(evaluated) for evaluated in self.slicing_specs):
+                raise ValueError(f"a threshold's slicing spec {spec.model_dump(exclude_defaults=True)} is not within "
                                  "evaluator.slicing_specs, so its slices are not evaluated; add it there")
         return self
 
@@ -297,14 +310,14 @@ class EvaluatorConfig(Section):
 
     def metric_thresholds(self, heads: dict[str, str]) -> list[SliceThreshold]:
         """metrics_specs' thresholds as per-slice thresholds, one per head of the spec (`heads`: name ->
-        kind): a metric's own threshold and the `thresholds` map on the overall slice, and the
-        `per_slice_thresholds` map on its specs' slices. An output name that is no head keeps its
+        kind): a metric's own threshold and the `thresholds` map on every evaluated slice (TFMA's
+        slice spec None), and the `per_slice_thresholds` map on its specs' slices. An output name that is no head keeps its
         name, so its figure is missing and the threshold refuses the candidate."""
-        out = []
+        out, every = [], [SlicingSpec(), *self.slicing_specs]  # TFMA: a threshold without a spec is on every slice
         for spec in self.metrics_specs:
             metrics = spec.by_class()
-            wanted = [(m, [SlicingSpec()], m.threshold) for m in spec.metrics if m.threshold is not None]
-            wanted += [(metrics[name], [SlicingSpec()], t) for name, t in spec.thresholds.items()]
+            wanted = [(m, every, m.threshold) for m in spec.metrics if m.threshold is not None]
+            wanted += [(metrics[name], every, t) for name, t in spec.thresholds.items()]
             wanted += [(metrics[name], t.slicing_specs, t.threshold)
                        for name, ts in spec.per_slice_thresholds.items() for t in ts.thresholds]
             for head in spec.output_names or list(heads):

@@ -42,17 +42,29 @@ def gate(report: dict, config: EvaluatorConfig, champion_compared: bool) -> list
     # (threshold, whether it gates the overall slice whatever its examples: TFMA's metrics_specs do)
     thresholds = [(t, True) for t in config.metric_thresholds(report.get("_heads", {}))]
     thresholds += [(t, False) for t in config.slice_thresholds]
-    gates = []
+    gates, matched = [], set()
     for entry in report["slices"]:
         judged = entry["examples"] >= config.min_slice_size
         if config.slice_guard and champion_compared and entry["_key"] and judged:
             gates += [_guard(entry, metric, config) for metric in config.regression_metrics]
-        for threshold, any_size in thresholds:
-            applies = judged or (any_size and not entry["_key"])
-            if applies and any(spec_matches(spec, entry["_key"]) for spec in threshold.slicing_specs):
+        for i, (threshold, any_size) in enumerate(thresholds):
+            if not any(spec_matches(spec, entry["_key"]) for spec in threshold.slicing_specs):
+                continue
+            matched.add(i)
+            if judged or (any_size and not entry["_key"]):
                 gates += _threshold(entry, threshold, champion_compared)
+    # TFMA's missing_slices: a threshold whose specs match no evaluated slice fails.
+    gates += [_missing(threshold) for i, (threshold, _) in enumerate(thresholds) if i not in matched]
     report["gates"] = gates
     return gates
+
+
+def _missing(threshold) -> dict:
+    specs = [spec.model_dump(exclude_defaults=True) for spec in threshold.slicing_specs]
+    return {"slice": None, "metric": threshold.metric, "candidate": None, "champion": None, "bound": "a slice to judge",
+            "passed": False, "missing": specs,
+            "text": f"{threshold.metric}: no evaluated slice is of the threshold's slicing specs {specs} "
+                    "(no eval example holds those values)"}
 
 
 def _gate(entry: dict, metric: str, bound: str, passed: bool, text: str) -> dict:

@@ -38,7 +38,7 @@ def slice_name(key: SliceKey) -> str:
 
 
 def spec_columns(spec) -> set[str]:
-    return set(spec.feature_keys) | set(spec.feature_values) | set(spec.feature_buckets)
+    return spec.columns()
 
 
 def spec_matches(spec, key: SliceKey) -> bool:
@@ -304,10 +304,20 @@ def head_auc(histogram: np.ndarray) -> float | None:
     return float(np.mean(areas)) if areas else None
 
 
+def precision_recall(true_positives: float, false_positives: float, false_negatives: float) -> dict[str, float]:
+    """Precision and recall, each left out where its denominator is 0: TFMA's are NaN there, which
+    fails every threshold, and a missing figure refuses the candidate as well."""
+    out = {}
+    if true_positives + false_positives > 0:
+        out["precision"] = true_positives / (true_positives + false_positives)
+    if true_positives + false_negatives > 0:
+        out["recall"] = true_positives / (true_positives + false_negatives)
+    return out
+
+
 def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, float]:
     """A classifier's AUC from its histograms and, for a binary head, precision and recall of class
-    1 at its predicted class (p > 0.5, TFMA's default threshold; 0 without a predicted or an actual
-    positive, as TFMA's divide_no_nan gives)."""
+    1 at its predicted class (p > 0.5, TFMA's default threshold)."""
     out = {}
     if f"{head}/auc_histogram" in sums:
         auc = head_auc(sums[f"{head}/auc_histogram"])
@@ -316,8 +326,8 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, floa
     cells = sums.get(f"{head}/confusion")
     if cells is not None and np.size(cells) == 4:
         _, false_positives, false_negatives, true_positives = np.asarray(cells, np.float64).tolist()
-        out[f"{head}_precision"] = true_positives / (true_positives + false_positives or 1.0)
-        out[f"{head}_recall"] = true_positives / (true_positives + false_negatives or 1.0)
+        rates = precision_recall(true_positives, false_positives, false_negatives)
+        out.update({f"{head}_{name}": value for name, value in rates.items()})
     return out
 
 
@@ -331,12 +341,12 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int]) -> dic
             continue
         negatives, positives = histogram[c, :, 0], histogram[c, :, 1]
         half = AUC_BUCKETS // 2 + 1  # bucket ceil(p x AUC_BUCKETS) > AUC_BUCKETS / 2 exactly when p > 0.5
-        tp, fp = positives[half:].sum(), negatives[half:].sum()
-        fn, tn = positives[:half].sum(), negatives[:half].sum()
+        tp, fp = float(positives[half:].sum()), float(negatives[half:].sum())
+        fn, tn = float(positives[:half].sum()), float(negatives[:half].sum())
         if tp + fp + fn + tn == 0:
             continue
-        figures = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "precision": tp / (tp + fp or 1.0),
-                   "recall": tp / (tp + fn or 1.0), "auc": roc_auc(negatives, positives)}
+        figures = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
+                   **precision_recall(tp, fp, fn)}
         out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in figures.items() if v is not None})
     return out
 
