@@ -61,8 +61,8 @@ def gate(report: dict, config: EvaluatorConfig, champion_compared: bool) -> list
 
 def _missing(threshold) -> dict:
     specs = [spec.model_dump(exclude_defaults=True) for spec in threshold.slicing_specs]
-    return {"slice": None, "metric": threshold.metric, "candidate": None, "champion": None, "bound": "a slice to judge",
-            "passed": False, "missing": specs,
+    return {"slice": "(none of its specs)", "metric": threshold.metric, "candidate": None, "champion": None,
+            "bound": "a slice to judge", "passed": False, "missing": specs,
             "text": f"{threshold.metric}: no evaluated slice is of the threshold's slicing specs {specs} "
                     "(no eval example holds those values)"}
 
