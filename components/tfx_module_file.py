@@ -87,13 +87,14 @@ def import_tfx_v1() -> types.ModuleType:
 
 
 def module_function(module_file: str, name: str, *, required: bool = True) -> Callable | None:
-    """`name` from `module_file`, loaded as TFX's executors load it (once per path); None when
-    absent and not `required`."""
+    """`name` from `module_file`, loaded as TFX's executors load it (once per path, with TFX's
+    Keras: tfx_keras); None when absent and not `required`."""
     from tfx.utils import import_utils
 
     import_tfx_v1()  # before the module's own `from tfx import v1 as tfx`
     try:
-        return import_utils.import_func_from_source(module_file, name)
+        with tfx_keras():
+            return import_utils.import_func_from_source(module_file, name)
     except AttributeError:
         if required:
             raise ModuleFileError(f"{module_file}: has no function {name!r}") from None
@@ -109,8 +110,8 @@ def tfx_keras():
     nothing read it before. A process that read it first (a script or notebook that used Keras 3
     through `tf.keras` before calling run_local) keeps Keras 3 there, and a run_fn's Keras 3 model
     saved with `tf.saved_model.save` does not restore in a TF1 Session, as TF Serving calls it
-    (`Could not find variable dense_1/kernel`). The module is imported and called in the block,
-    so its `tf.keras`, `from tensorflow import keras` and `from tensorflow.keras[.<submodule>]
+    (`Could not find variable dense_1/kernel`). module_function imports a module in the block,
+    and its functions are called in one, so its `tf.keras`, `from tensorflow import keras` and `from tensorflow.keras[.<submodule>]
     import ...` are Keras 2 either way; all are put back after. The swap is the process's: what
     else runs in the block (Beam's workers for a preprocessing_fn) sees it too."""
     import tensorflow as tf
@@ -135,38 +136,34 @@ def tfx_keras():
 
 @contextlib.contextmanager
 def keras_tuner_on_module_keras():
-    """KerasTuner bound to the Keras a TFX module builds its models with, for the `with` block.
+    """TFX's Keras (tfx_keras) with KerasTuner bound to it, for the `with` block.
 
-    tensorflow_transform sets TF_USE_LEGACY_KERAS, so a module's `from tensorflow import keras` is
-    Keras 2 (tf_keras), while KerasTuner binds itself to the `keras` package (Keras 3 here) when it
-    is imported, and refuses a Keras 2 model ("a valid Keras Model instance") and its fit's History.
-    Its engine reads Keras through one module, `keras_tuner.src.backend.keras`: with Keras 2 in
-    `tensorflow.keras`, that module's names are Keras 2's in the block (as KerasTuner sets them
-    when `keras` is Keras 2), and are put back after; `tuner_utils`, whose callbacks subclass
-    Keras' Callback when it is imported, is imported again on each change."""
+    A TFX module's `tf.keras` is Keras 2 (tf_keras), while KerasTuner binds itself to the `keras`
+    package (Keras 3 here) when it is imported, and refuses a Keras 2 model ("a valid Keras Model
+    instance") and its fit's History. Its engine reads Keras through one module,
+    `keras_tuner.src.backend.keras`: that module's names are Keras 2's in the block (as KerasTuner
+    sets them when `keras` is Keras 2), and are put back after; `tuner_utils`, whose callbacks
+    subclass Keras' Callback when it is imported, is imported again on each change."""
     import importlib
 
     import tensorflow as tf
     from keras_tuner.src.backend import config, keras as backend_keras
     from keras_tuner.src.engine import tuner_utils
 
-    module_keras = tf.keras
-    version = getattr(module_keras, "version", None)  # Keras 3's; KerasTuner's own test of which Keras it has
-    if version is not None and version().startswith("3."):
-        yield  # the module's Keras is KerasTuner's already
-        return
-    saved, saved_multi = dict(vars(backend_keras)), config._MULTI_BACKEND
-    try:
-        vars(backend_keras).update({name: getattr(module_keras, name) for name in dir(module_keras)
-                                    if not name.startswith("_")})
-        config._MULTI_BACKEND = False
-        importlib.reload(tuner_utils)
-        yield
-    finally:
-        vars(backend_keras).clear()
-        vars(backend_keras).update(saved)
-        config._MULTI_BACKEND = saved_multi
-        importlib.reload(tuner_utils)
+    with tfx_keras():
+        module_keras = tf.keras
+        saved, saved_multi = dict(vars(backend_keras)), config._MULTI_BACKEND
+        try:
+            vars(backend_keras).update({name: getattr(module_keras, name) for name in dir(module_keras)
+                                        if not name.startswith("_")})
+            config._MULTI_BACKEND = False
+            importlib.reload(tuner_utils)
+            yield
+        finally:
+            vars(backend_keras).clear()
+            vars(backend_keras).update(saved)
+            config._MULTI_BACKEND = saved_multi
+            importlib.reload(tuner_utils)
 
 
 # A Keras progress bar's state before its last step ("  286/300 [=====>..] - ETA: 0s - loss: ...").

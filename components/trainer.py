@@ -119,8 +119,7 @@ def _call_run_fn(config, examples, schema, transform_graph, model, model_run, tr
     from trainer.foreign_export import export_foreign
     from trainer.session_check import session_problem
 
-    with tfx_keras():
-        run_fn = module_function(config.module_file, "run_fn")
+    run_fn = module_function(config.module_file, "run_fn")
     fn_args = trainer_fn_args(examples, schema, transform_graph, model, model_run, config, hyperparameters)
     run = start_training_run(tracking, {TAG_MODEL_URI: model.uri}, spill_dir=model_run.uri)
     try:  # whatever stops the Trainer from here marks its MLflow run failed

@@ -65,8 +65,7 @@ def Transform(
     from validation.schema import load_schema
     from validation.statistics import read_statistics
 
-    with tfx_keras():
-        preprocessing_fn = module_function(module_file, "preprocessing_fn")
+    preprocessing_fn = module_function(module_file, "preprocessing_fn")
     train_stats = read_statistics(artifact_utils.get_split_uri([statistics], TRAIN_SPLIT))
     raw_schema = dense_where_always_one(load_schema(schema.uri), train_stats)
     splits = artifact_utils.decode_split_names(examples.split_names)

@@ -68,13 +68,12 @@ def _tuner_fn_search(tuner, config, examples, schema, transform_graph, work_dir)
     """TFX's Tuner contract: tuner_fn(fn_args) -> TunerFnResult; tuner.max_trials overrides the
     tuner_fn's own, tuner.time_budget_seconds bounds the search."""
     from components.tfx_fn_args import common_fn_args
-    from components.tfx_module_file import keras_tuner_on_module_keras, module_function, printed_to_log, tfx_keras
+    from components.tfx_module_file import keras_tuner_on_module_keras, module_function, printed_to_log
     from trainer.tuning import TrialClock, seed_search
 
-    with tfx_keras():
-        tuner_fn = module_function(tuner.module_file, "tuner_fn")
+    tuner_fn = module_function(tuner.module_file, "tuner_fn")
     seed_search(tuner.seed)
-    with tfx_keras(), keras_tuner_on_module_keras():
+    with keras_tuner_on_module_keras():
         result = tuner_fn(common_fn_args(examples, schema, transform_graph, config, working_dir=work_dir))
         searcher = result.tuner
         if tuner.max_trials:

@@ -45,8 +45,8 @@ def test_a_module_gets_keras_2_and_its_saved_model_runs_in_a_session(keras_3_fir
     module_file = tmp_path / "tfx_module.py"
     module_file.write_text(MODULE)
     keras_3_modules = {name: sys.modules.get(name) for name in ("tensorflow.keras", "tensorflow.keras.layers")}
+    run_fn = module_function(str(module_file), "run_fn")  # imported in the block
     with tfx_keras():
-        run_fn = module_function(str(module_file), "run_fn")
         assert all(name.startswith("tf_keras.") for name in run_fn(str(tmp_path / "model")))
     assert tf.keras is keras_3_first  # put back, with the import system's view of it
     assert {name: sys.modules.get(name) for name in keras_3_modules} == keras_3_modules
@@ -62,8 +62,10 @@ def test_keras_is_put_back_when_the_module_fails(keras_3_first):
 
 def test_without_it_the_same_module_s_keras_3_model_fails_in_a_session(keras_3_first, tmp_path):
     """What the block prevents: the same module imported and called with Keras 3 as `tf.keras`."""
+    from tfx.utils import import_utils
+
     module_file = tmp_path / "keras_3_module.py"
     module_file.write_text(MODULE)
-    run_fn = module_function(str(module_file), "run_fn")
+    run_fn = import_utils.import_func_from_source(str(module_file), "run_fn")  # as module_function, without the block
     assert run_fn(str(tmp_path / "model"))[0].startswith("keras.")
     assert "Could not find variable" in (session_problem(str(tmp_path / "model")) or "")
