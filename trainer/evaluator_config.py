@@ -148,7 +148,9 @@ class MetricConfig(Section):
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
 # histograms of the class's probability at TFMA's threshold 0.5 (trainer.slicing.class_figures).
-BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall", "examples"})
+BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall"})
+# ...and those a binarized spec keeps as they are, of the whole head (ExampleCount).
+UNBINARIZED_FIGURES = frozenset({"examples"})
 
 
 def class_figure(figure: str, class_id: int) -> str:
@@ -208,17 +210,18 @@ class MetricsSpec(Section):
             if unknown:
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
-        per_class = [m.class_name for m in self.metrics if TFMA_METRICS[m.class_name][0] not in BINARIZED_FIGURES]
+        allowed = BINARIZED_FIGURES | UNBINARIZED_FIGURES
+        per_class = [m.class_name for m in self.metrics if TFMA_METRICS[m.class_name][0] not in allowed]
         if self.binarize is not None and self.binarize.class_ids.values and per_class:
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
-                             f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in BINARIZED_FIGURES)}")
+                             f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}")
         return self
 
     def figures(self, metric: MetricConfig, head: str, kind: str | None) -> list[str]:
         """The figures a metric of this spec is of one head: one, or one per binarized class id."""
         figure = metric.figure(head, kind)
         ids = self.binarize.class_ids.values if self.binarize is not None else []
-        if not ids or metric.class_name == "ExampleCount":
+        if not ids or TFMA_METRICS[metric.class_name][0] in UNBINARIZED_FIGURES:
             return [figure]
         return [class_figure(figure, c) for c in ids]
 

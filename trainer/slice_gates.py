@@ -1,7 +1,7 @@
 """The per-slice figures (slices.json, trainer.slicing.SLICES_JSON) and their gates: the default
 guard (each slice of at least `evaluator.min_slice_size` examples compared with the champion on
 `evaluator.regression_metrics`, as the overall figures are), `evaluator.slice_thresholds` with
-TFMA's MetricThreshold semantics, and `evaluator.metrics_specs`' thresholds on the overall slice.
+TFMA's MetricThreshold semantics, and `evaluator.metrics_specs`' thresholds on the slices they apply to.
 Fail closed: a gated metric the candidate lacks refuses it."""
 from __future__ import annotations
 

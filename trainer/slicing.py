@@ -37,14 +37,10 @@ def slice_name(key: SliceKey) -> str:
     return ",".join(f"{column}={value}" for column, value in key) if key else OVERALL
 
 
-def spec_columns(spec) -> set[str]:
-    return spec.columns()
-
-
 def spec_matches(spec, key: SliceKey) -> bool:
     """Whether a slice is one of a spec's (TFMA's SingleSliceSpec.is_slice_applicable)."""
     values = dict(key)
-    return set(values) == spec_columns(spec) and all(values[k] == v for k, v in spec.feature_values.items())
+    return set(values) == spec.columns() and all(values[k] == v for k, v in spec.feature_values.items())
 
 
 def bucket_text(bounds: list[float], index: int) -> str:
@@ -138,7 +134,7 @@ class Slicer:
 
     @classmethod
     def for_split(cls, specs: list, file_pattern: str) -> "Slicer":
-        columns = set().union(*(spec_columns(s) for s in specs)) if specs else set()
+        columns = set().union(*(s.columns() for s in specs)) if specs else set()
         return cls(specs, feature_kinds(file_pattern, columns) if columns else {})
 
     def batch(self, serialized: np.ndarray, parsed: dict[str, np.ndarray] | None = None) -> BatchSlices:
@@ -176,7 +172,7 @@ class Slicer:
 
     def _spec_slices(self, spec, columns, rows: int) -> tuple[np.ndarray, np.ndarray, list[SliceKey]]:
         """The rows in the spec's slices, each one's slice (0..n-1) and the n slice keys."""
-        names = sorted(spec_columns(spec))
+        names = sorted(spec.columns())
         keep = np.ones(rows, bool)
         for name in names:
             keep &= columns[name][1]
