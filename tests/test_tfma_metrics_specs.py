@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from pydantic import ValidationError
-from sklearn.metrics import log_loss, mean_squared_error, precision_score, recall_score, roc_auc_score
+from sklearn.metrics import f1_score, log_loss, mean_squared_error, precision_score, recall_score, roc_auc_score
 
 from trainer.blessing import evaluate_and_decide
 from trainer.evaluator_config import EvaluatorConfig
@@ -71,7 +71,7 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     p = 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
     y = taxi_like["y"]
     answers = []
-    metrics = [TAXI_ACCURACY, {"class_name": "AUC"}, {"class_name": "Precision"}, {"class_name": "Recall"}]
+    metrics = [TAXI_ACCURACY, *({"class_name": name} for name in ("AUC", "Precision", "Recall", "F1Score"))]
     decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics}],
                         answers=lambda answer, rows, candidate: answers.append(
                             signature_columns(answer, rows, candidate.heads, candidate.output_keys, candidate.logits)))
@@ -83,6 +83,7 @@ def test_one_column_is_a_binary_classifier_when_a_binary_metric_is_named(taxi_li
     assert overall["candidate"][f"{LABEL}_auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
     assert overall["candidate"][f"{LABEL}_precision"] == pytest.approx(precision_score(y, p > 0.5), abs=1e-9)
     assert overall["candidate"][f"{LABEL}_recall"] == pytest.approx(recall_score(y, p > 0.5), abs=1e-9)
+    assert overall["candidate"][f"{LABEL}_f1_score"] == pytest.approx(f1_score(y, p > 0.5), abs=1e-9)
     assert overall["confusion"][LABEL]["matrix"] == [[int(np.sum((p <= 0.5) & (y == c))), int(np.sum((p > 0.5) & (y == c)))]
                                                     for c in (0, 1)]
     # The trivial floor is the train split's class priors, not a mean: its loss is a log loss.
@@ -229,7 +230,7 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
     logits = np.stack([2.0 * x[400:], np.zeros(200), -2.0 * x[400:]], axis=1)
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     truth = y[400:]
-    metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC")]
+    metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC", "F1Score")]
     strict = {"value_threshold": {"lower_bound": 0.99}}
     decision = evaluate(data, model, metrics_specs=[{"metrics": metrics, "binarize": {"class_ids": {"values": [0, 1]}},
                                                      "thresholds": {"recall": strict}}])
@@ -239,6 +240,7 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
         assert overall[f"{LABEL}_accuracy_class_{c}"] == pytest.approx(np.mean(positive == predicted), abs=1e-9)
         assert overall[f"{LABEL}_recall_class_{c}"] == pytest.approx(recall_score(positive, predicted), abs=1e-9)
         assert overall[f"{LABEL}_auc_class_{c}"] == pytest.approx(roc_auc_score(positive, p[:, c]), abs=2e-3)
+        assert overall[f"{LABEL}_f1_score_class_{c}"] == pytest.approx(f1_score(positive, predicted), abs=1e-9)
     assert overall[f"{LABEL}_precision_class_0"] == pytest.approx(precision_score(truth == 0, p[:, 0] > 0.5), abs=1e-9)
     assert f"{LABEL}_recall_class_2" not in overall and f"{LABEL}_precision" not in overall
     # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name;
@@ -268,3 +270,19 @@ def test_a_metric_loopline_does_not_compute_is_refused_by_name():
         EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MeanSquaredLogarithmicError"}]}])
     with pytest.raises(ValidationError, match="binarize"):
         EvaluatorConfig(metrics_specs=[{"metrics": [], "binarize": {"top_k_list": [1]}}])
+
+
+def test_metric_names_are_the_names_tfma_gives_its_metrics():
+    """MetricsSpec's threshold maps are keyed by the names TFMA's own metric objects take: TFMA's
+    registered class of that name, else tf.keras' (as TFMA resolves a class_name)."""
+    import tf_keras
+    from tensorflow_model_analysis import metrics as tfma_metrics
+
+    from trainer.evaluator_config import TFMA_METRICS, tfma_metric_name
+
+    for class_name in TFMA_METRICS:
+        metric = (getattr(tfma_metrics, class_name, None) or getattr(tf_keras.metrics, class_name))()
+        assert tfma_metric_name(class_name) == metric.name, class_name
+    strict = {"value_threshold": {"lower_bound": 0.9}}
+    spec = EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "F1Score"}], "thresholds": {"f1_score": strict}}])
+    assert list(spec.metrics_specs[0].thresholds) == ["f1_score"]

@@ -103,17 +103,18 @@ TFMA_METRICS = {
     "BinaryCrossentropy": ("loss", "classification"), "CategoricalCrossentropy": ("loss", "classification"),
     "SparseCategoricalCrossentropy": ("loss", "classification"),
     "Precision": ("precision", "classification"), "Recall": ("recall", "classification"),
+    "F1Score": ("f1_score", "classification"),
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
 }
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
-BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "Precision", "Recall"})
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "Precision", "Recall", "F1Score"})
 
 
 def tfma_metric_name(class_name: str) -> str:
     """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
-    AUC -> auc), by which MetricsSpec's `thresholds` and `per_slice_thresholds` name it."""
-    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", class_name).lower()
+    AUC -> auc, F1Score -> f1_score), by which MetricsSpec's `thresholds` and `per_slice_thresholds` name it."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower()
 
 
 class MetricThreshold(Section):
@@ -148,7 +149,7 @@ class MetricConfig(Section):
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
 # histograms of the class's probability at TFMA's threshold 0.5 (trainer.slicing.class_figures).
-BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall"})
+BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall", "f1_score"})
 # ...and those a binarized spec keeps as they are, of the whole head (ExampleCount).
 UNBINARIZED_FIGURES = frozenset({"examples"})
 
@@ -199,7 +200,7 @@ class MetricsSpec(Section):
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
     binarize: BinarizationOptions | None = Field(
-        None, description="TFMA's binarize: the metrics (accuracy, AUC, precision, recall) of each class id one "
+        None, description="TFMA's binarize: the metrics (accuracy, AUC, precision, recall, F1) of each class id one "
         "against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
 
     @model_validator(mode="after")
@@ -275,9 +276,8 @@ class EvaluatorConfig(Section):
         default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
         "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on every "
         "evaluated slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, output_names and "
-        "binarize. A "
-        "binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, Precision, Recall) reads a model's one-column "
-        "output as the probability (or logit) of the label 1, not as a regression.")
+        "binarize. A binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, Precision, Recall, F1Score) reads "
+        "a model's one-column output as the probability (or logit) of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
     slicing_specs: list[SlicingSpec] = Field(

@@ -301,9 +301,12 @@ def head_auc(histogram: np.ndarray) -> float | None:
 
 
 def precision_recall(true_positives: float, false_positives: float, false_negatives: float) -> dict[str, float]:
-    """Precision and recall, each left out where its denominator is 0: TFMA's are NaN there, which
-    fails every threshold, and a missing figure refuses the candidate as well."""
+    """Precision, recall and F1 (2 TP / (2 TP + FP + FN), as TFMA's F1Score), each left out where its
+    denominator is 0: TFMA's are NaN there, which fails every threshold, and a missing figure
+    refuses the candidate as well."""
     out = {}
+    if true_positives + false_positives + false_negatives > 0:
+        out["f1_score"] = 2 * true_positives / (2 * true_positives + false_positives + false_negatives)
     if true_positives + false_positives > 0:
         out["precision"] = true_positives / (true_positives + false_positives)
     if true_positives + false_negatives > 0:
@@ -312,8 +315,8 @@ def precision_recall(true_positives: float, false_positives: float, false_negati
 
 
 def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, float]:
-    """A classifier's AUC from its histograms and, for a binary head, precision and recall of class
-    1 at its predicted class (p > 0.5, TFMA's default threshold)."""
+    """A classifier's AUC from its histograms and, for a binary head, precision, recall and F1 of
+    class 1 at its predicted class (p > 0.5, TFMA's default threshold)."""
     out = {}
     if f"{head}/auc_histogram" in sums:
         auc = head_auc(sums[f"{head}/auc_histogram"])
@@ -366,7 +369,7 @@ class SliceTotals:
 
     def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
-        classifiers and `_precision` and `_recall` for binary ones, and `class_ids`' figures one class
+        classifiers and `_precision`, `_recall` and `_f1_score` for binary ones, and `class_ids`' figures one class
         against the rest (`{head: ids}`: class_figures); a head without a
         labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
