@@ -27,6 +27,8 @@ split 0 only): one split's eval rows are few (171 for breast cancer, one row 0.6
 on one split is told from chance by repeating it on others.
 `QUALITY_TUNER=1` turns the Tuner step on (TUNER_OVERRIDES: loopline's search over the generic
 model's keys, QUALITY_TUNER_TRIALS trials, default 8); each run then records the search's seconds.
+`QUALITY_SET="trainer.ema_decay=0.99;trainer.hparams.l2=0.01"` adds config keys to every loopline
+run (`;` between them): a variant of the defaults, recorded as `set` and kept out of the docs' table.
 `markdown(runs)` writes the table docs/model-quality.md shows (tests compare the two).
 """
 from __future__ import annotations
@@ -61,6 +63,11 @@ def tuner_overrides() -> list[str]:
         return []
     return ["tuner.enabled=true", f"tuner.search_space={SEARCH_SPACE}",
             f"tuner.max_trials={int(os.environ.get('QUALITY_TUNER_TRIALS', '8'))}"]
+
+
+def set_overrides() -> list[str]:
+    """QUALITY_SET's config keys (a variant of the defaults), else none."""
+    return [key.strip() for key in os.environ.get("QUALITY_SET", "").split(";") if key.strip()]
 
 
 @dataclass
@@ -266,7 +273,7 @@ def _loopline_run(table: Table, seed: int, root: Path) -> dict:
 
     overrides = [f"pipeline.root={root}", f"data.path={table.train}", f"data.eval_path={table.eval}",
                  f"data.label={table.label}", "trainer.module_file=null", f"trainer.seed={seed}",
-                 "mlflow.enabled=false", *table.overrides, *tuner_overrides()]
+                 "mlflow.enabled=false", *table.overrides, *tuner_overrides(), *set_overrides()]
     config = load_config(REPO / "loopline.yaml", overrides)
     started = time.perf_counter()
     summary = run_local(config)
@@ -340,7 +347,7 @@ def run() -> dict:
         results = {t.name: measure_table(t, seeds, work) for t in tables}
     met = [name for name, r in results.items() if r.get("gap", {}).get("met")]
     gaps = [r["gap"]["relative_advantage"] for r in results.values() if "gap" in r]
-    return {"seeds": seeds, "split_seed": split_seed, "tables": results, "tuner": tuner_overrides(),
+    return {"seeds": seeds, "split_seed": split_seed, "tables": results, "tuner": tuner_overrides(), "set": set_overrides(),
             "tables_within_target": len(met), "tables_measured": len(results),
             "tables_failed": sorted(name for name, r in results.items() if "gap" not in r),
             "mean_relative_advantage_over_best_baseline": round(sum(gaps) / len(gaps), 4) if gaps else None}
@@ -387,10 +394,10 @@ def markdown_table(result: dict) -> str:
 
 def markdown(runs: list[dict]) -> str:
     """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off) and,
-    when kept, the first full run labelled "before". Runs of fewer seeds, with the Tuner on or on
-    another split are kept in the results only."""
+    when kept, the first full run labelled "before". Runs of fewer seeds, with the Tuner on, on
+    another split or with QUALITY_SET keys are kept in the results only."""
     full = [r for r in runs if r.get("tables_measured", 0) >= 7 and len(r.get("seeds", [])) >= 5 and not r.get("tuner")
-            and r.get("split_seed", SPLIT_SEED) == SPLIT_SEED]
+            and not r.get("set") and r.get("split_seed", SPLIT_SEED) == SPLIT_SEED]
     out = []
     before = [r for r in full if r.get("label", "").startswith("before")]
     if full:
