@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from pydantic import ValidationError
-from sklearn.metrics import f1_score, log_loss, mean_squared_error, precision_score, recall_score, roc_auc_score
+from sklearn.metrics import (f1_score, log_loss, matthews_corrcoef, mean_squared_error, precision_score, recall_score,
+                             roc_auc_score)
 
 from trainer.blessing import evaluate_and_decide
 from trainer.evaluator_config import EvaluatorConfig
@@ -286,3 +287,52 @@ def test_metric_names_are_the_names_tfma_gives_its_metrics():
     strict = {"value_threshold": {"lower_bound": 0.9}}
     spec = EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "F1Score"}], "thresholds": {"f1_score": strict}}])
     assert list(spec.metrics_specs[0].thresholds) == ["f1_score"]
+
+
+def test_confusion_figures_are_tfma_s_on_the_same_counts():
+    """Every confusion-matrix metric the Evaluator takes: TFMA's own metric object of that class
+    gives the same name and, from the same counts, the same value (NaN where loopline has none)."""
+    import math
+
+    from tensorflow_model_analysis import metrics as tfma_metrics
+
+    from trainer.evaluator_config import CONFUSION_METRICS
+    from trainer.slicing import CONFUSION_FIGURES, confusion_figures
+
+    assert sorted(CONFUSION_METRICS.values()) == sorted(CONFUSION_FIGURES)
+    counts = [(40.0, 7.0, 5.0, 48.0), (0.0, 0.0, 3.0, 9.0), (6.0, 2.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0)]
+    for class_name, figure in CONFUSION_METRICS.items():
+        metric = getattr(tfma_metrics, class_name)()
+        assert metric.name == figure, class_name
+        for tp, fp, fn, tn in counts:
+            theirs = metric.result(tp=tp, tn=tn, fp=fp, fn=fn)
+            ours = confusion_figures(tp, fp, fn, tn, [figure]).get(figure)
+            assert (ours is None) == math.isnan(theirs), (class_name, tp, fp, fn, tn, theirs, ours)
+            assert ours is None or ours == pytest.approx(theirs, abs=1e-12), (class_name, tp, fp, fn, tn)
+
+
+def test_confusion_metrics_named_in_a_spec_are_computed_and_gated(taxi_like):
+    """Specificity and Matthews' correlation of a one-column model, per slice, as scikit-learn's;
+    a FallOut threshold refuses; a confusion metric no spec names is not in the slices."""
+    from trainer.heads import higher_is_better
+
+    model = one_column_model(taxi_like["root"] / "confusion", 2.0, -0.5, False)
+    y, predicted = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5))) > 0.5
+    strict = {"value_threshold": {"upper_bound": 0.01}}
+    names = ("Specificity", "MatthewsCorrelationCoefficient", "FallOut", "FalseNegatives")
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": n} for n in names],
+                                                          "thresholds": {"fall_out": strict}}])
+    overall = decision.slices_json()["slices"][0]["candidate"]
+    assert overall[f"{LABEL}_specificity"] == pytest.approx(recall_score(y, predicted, pos_label=0), abs=1e-9)
+    assert overall[f"{LABEL}_matthews_correlation_coefficient"] == pytest.approx(matthews_corrcoef(y, predicted), abs=1e-9)
+    assert overall[f"{LABEL}_fall_out"] == pytest.approx(1 - overall[f"{LABEL}_specificity"], abs=1e-9)
+    assert overall[f"{LABEL}_false_negatives"] == np.sum(~predicted & (y == 1))
+    assert f"{LABEL}_miss_rate" not in overall and f"{LABEL}_precision" in overall
+    assert overall[f"{LABEL}_fall_out"] > 0.01
+    assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_fall_out")], decision.failed
+    # The one direction rule reads these names as TFMA's metrics move when a model improves.
+    assert all(higher_is_better(f"{LABEL}_{n}") for n in ("specificity", "negative_predictive_value", "threat_score",
+                                                         "balanced_accuracy", "matthews_correlation_coefficient",
+                                                         "true_positives", "true_negatives", "f1_score"))
+    assert not any(higher_is_better(f"{LABEL}_{n}") for n in ("fall_out", "miss_rate", "false_discovery_rate",
+                                                             "false_omission_rate", "false_positives", "false_negatives"))

@@ -151,7 +151,7 @@ class TrainerConfig(Section):
     early_stopping_metric: str | None = Field(
         "auto", description="The validation metric that picks the weights to export (restore_best) and that early "
         "stopping watches, e.g. species_loss or species_accuracy (higher is better for a name with a word accuracy, "
-        "auc, precision, recall or f1, lower for others). "
+        "auc, precision, recall, f1, specificity, predictive, threat, correlation or true, lower for others). "
         "auto: <data.label>_loss (none for a model without heads); null: neither.",
     )
     early_stopping_patience: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(

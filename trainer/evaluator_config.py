@@ -93,6 +93,21 @@ class SliceThreshold(Section):
                                                      "on the same slice (not judged when there is no champion).")
 
 
+# TFMA's confusion-matrix metrics at its default threshold 0.5 (class 1 of a binary head, or one
+# class against the rest under binarize), each a figure named as TFMA names it; computed by
+# trainer.slicing.CONFUSION_FIGURES. The first three are in every binary head's slices, the others
+# where a metrics_spec names them.
+CONFUSION_METRICS = {
+    "Precision": "precision", "Recall": "recall", "F1Score": "f1_score",
+    "Specificity": "specificity", "FallOut": "fall_out", "MissRate": "miss_rate",
+    "NegativePredictiveValue": "negative_predictive_value", "FalseDiscoveryRate": "false_discovery_rate",
+    "FalseOmissionRate": "false_omission_rate", "Prevalence": "prevalence", "ThreatScore": "threat_score",
+    "BalancedAccuracy": "balanced_accuracy", "MatthewsCorrelationCoefficient": "matthews_correlation_coefficient",
+    "TruePositives": "true_positives", "FalsePositives": "false_positives", "TrueNegatives": "true_negatives",
+    "FalseNegatives": "false_negatives",
+}
+ALWAYS_CONFUSION_FIGURES = ("precision", "recall", "f1_score")
+
 # TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
 # with the head kind it exists for (None: any). A class name outside this table is refused.
 TFMA_METRICS = {
@@ -102,13 +117,12 @@ TFMA_METRICS = {
     "AUC": ("auc", "classification"),
     "BinaryCrossentropy": ("loss", "classification"), "CategoricalCrossentropy": ("loss", "classification"),
     "SparseCategoricalCrossentropy": ("loss", "classification"),
-    "Precision": ("precision", "classification"), "Recall": ("recall", "classification"),
-    "F1Score": ("f1_score", "classification"),
+    **{class_name: (figure, "classification") for class_name, figure in CONFUSION_METRICS.items()},
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
 }
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
-BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "Precision", "Recall", "F1Score"})
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", *CONFUSION_METRICS})
 
 
 def tfma_metric_name(class_name: str) -> str:
@@ -149,7 +163,7 @@ class MetricConfig(Section):
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
 # histograms of the class's probability at TFMA's threshold 0.5 (trainer.slicing.class_figures).
-BINARIZED_FIGURES = frozenset({"accuracy", "auc", "precision", "recall", "f1_score"})
+BINARIZED_FIGURES = frozenset({"accuracy", "auc", *CONFUSION_METRICS.values()})
 # ...and those a binarized spec keeps as they are, of the whole head (ExampleCount).
 UNBINARIZED_FIGURES = frozenset({"examples"})
 
@@ -200,7 +214,7 @@ class MetricsSpec(Section):
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
     binarize: BinarizationOptions | None = Field(
-        None, description="TFMA's binarize: the metrics (accuracy, AUC, precision, recall, F1) of each class id one "
+        None, description="TFMA's binarize: the metrics (accuracy, AUC and the confusion-matrix metrics) of each class id one "
         "against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
 
     @model_validator(mode="after")
@@ -247,7 +261,7 @@ class EvaluatorConfig(Section):
     )
     regression_metrics: list[str] = Field(
         default_factory=lambda: ["loss"], description="Metrics compared with the champion. Direction by one rule, the "
-        "one early stopping uses: a name with a word accuracy, auc, precision, recall or f1 is higher-is-better, others "
+        "one early stopping uses: a name with a word accuracy, auc, precision, recall, f1, specificity, predictive, threat, correlation or true is higher-is-better, others "
         "lower. weighted_loss (heads weighted as training ended) is there for a module with loss_weights.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
@@ -276,7 +290,8 @@ class EvaluatorConfig(Section):
         default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
         "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on every "
         "evaluated slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, output_names and "
-        "binarize. A binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, Precision, Recall, F1Score) reads "
+        "binarize. A binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, or a confusion-matrix metric such as "
+        "Precision, Recall, F1Score, Specificity) reads "
         "a model's one-column output as the probability (or logit) of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
@@ -328,6 +343,11 @@ class EvaluatorConfig(Section):
                                        change_threshold=t.change_threshold)
                         for metric, slices, t in wanted for figure in spec.figures(metric, head, heads.get(head))]
         return out
+
+    def confusion_figures(self) -> list[str]:
+        """The confusion-matrix figures the slices carry: ALWAYS_CONFUSION_FIGURES and those metrics_specs name."""
+        named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics}
+        return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & set(CONFUSION_METRICS.values()) - set(ALWAYS_CONFUSION_FIGURES))]
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:
         """The class ids each head's figures are wanted for one against the rest (metrics_specs' binarize)."""

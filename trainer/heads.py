@@ -111,14 +111,17 @@ class Head:
         return loss * maskf, maskf
 
 
-HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1"})
+HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1", "specificity", "predictive", "threat",
+                                    "correlation", "true"})
 
 
 def higher_is_better(metric: str) -> bool:
     """The one direction rule for metric names (the ones made here, `<head>_accuracy`, and users'):
     higher is better when a word of the name (split at `_ / - .`) is accuracy, auc, precision,
-    recall or f1; lower otherwise (loss, rmse, mae, weighted_loss...). Early stopping, the
-    Evaluator's champion comparison and the blessing gate all read it."""
+    recall, f1, specificity, predictive, threat, correlation or true (TFMA's confusion-matrix metrics
+    that rise as a model improves); lower otherwise (loss, rmse, mae, weighted_loss, fall_out,
+    false_positives...). Early stopping, the Evaluator's champion comparison and the blessing gate
+    all read it."""
     return any(word in HIGHER_IS_BETTER_WORDS for word in re.split(r"[_/\-.]", metric.lower()))
 
 

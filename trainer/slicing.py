@@ -4,12 +4,13 @@ each row's slices per batch (Slicer.batch), the compiled batch function sums the
 slice with segment sums (segment_sums), and SliceTotals adds the batches up by slice key."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluator_config import class_figure
+from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, class_figure
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
@@ -300,22 +301,47 @@ def head_auc(histogram: np.ndarray) -> float | None:
     return float(np.mean(areas)) if areas else None
 
 
-def precision_recall(true_positives: float, false_positives: float, false_negatives: float) -> dict[str, float]:
-    """Precision, recall and F1 (2 TP / (2 TP + FP + FN), as TFMA's F1Score), each left out where its
-    denominator is 0: TFMA's are NaN there, which fails every threshold, and a missing figure
-    refuses the candidate as well."""
-    out = {}
-    if true_positives + false_positives + false_negatives > 0:
-        out["f1_score"] = 2 * true_positives / (2 * true_positives + false_positives + false_negatives)
-    if true_positives + false_positives > 0:
-        out["precision"] = true_positives / (true_positives + false_positives)
-    if true_positives + false_negatives > 0:
-        out["recall"] = true_positives / (true_positives + false_negatives)
-    return out
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
 
 
-def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, float]:
-    """A classifier's AUC from its histograms and, for a binary head, precision, recall and F1 of
+def _balanced_accuracy(tp, fp, fn, tn):
+    return (tp / (tp + fn) + tn / (tn + fp)) / 2 if tp + fn > 0 and tn + fp > 0 else None
+
+
+# TFMA's confusion-matrix metrics (trainer.evaluator_config.CONFUSION_METRICS) from the counts at
+# threshold 0.5, as TFMA's `result(tp, tn, fp, fn)` computes them; None where TFMA's is NaN (a zero
+# denominator), which fails every threshold: a missing figure refuses the candidate as well.
+CONFUSION_FIGURES = {
+    "precision": lambda tp, fp, fn, tn: _ratio(tp, tp + fp),
+    "recall": lambda tp, fp, fn, tn: _ratio(tp, tp + fn),
+    "f1_score": lambda tp, fp, fn, tn: _ratio(2 * tp, 2 * tp + fp + fn),
+    "specificity": lambda tp, fp, fn, tn: _ratio(tn, tn + fp),
+    "fall_out": lambda tp, fp, fn, tn: _ratio(fp, fp + tn),
+    "miss_rate": lambda tp, fp, fn, tn: _ratio(fn, fn + tp),
+    "negative_predictive_value": lambda tp, fp, fn, tn: _ratio(tn, tn + fn),
+    "false_discovery_rate": lambda tp, fp, fn, tn: _ratio(fp, fp + tp),
+    "false_omission_rate": lambda tp, fp, fn, tn: _ratio(fn, fn + tn),
+    "prevalence": lambda tp, fp, fn, tn: _ratio(tp + fn, tp + fp + fn + tn),
+    "threat_score": lambda tp, fp, fn, tn: _ratio(tp, tp + fn + fp),
+    "balanced_accuracy": _balanced_accuracy,
+    "matthews_correlation_coefficient": lambda tp, fp, fn, tn: _ratio(
+        tp * tn - fp * fn, math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))),
+    "true_positives": lambda tp, fp, fn, tn: tp,
+    "false_positives": lambda tp, fp, fn, tn: fp,
+    "true_negatives": lambda tp, fp, fn, tn: tn,
+    "false_negatives": lambda tp, fp, fn, tn: fn,
+}
+
+
+def confusion_figures(tp: float, fp: float, fn: float, tn: float, names) -> dict[str, float]:
+    """The named CONFUSION_FIGURES of these counts, leaving out those undefined here."""
+    figures = {name: CONFUSION_FIGURES[name](tp, fp, fn, tn) for name in names}
+    return {name: float(value) for name, value in figures.items() if value is not None}
+
+
+def classifier_figures(head: str, sums: dict[str, np.ndarray], confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+    """A classifier's AUC from its histograms and, for a binary head, the `confusion` figures of
     class 1 at its predicted class (p > 0.5, TFMA's default threshold)."""
     out = {}
     if f"{head}/auc_histogram" in sums:
@@ -324,13 +350,13 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray]) -> dict[str, floa
             out[f"{head}_auc"] = auc
     cells = sums.get(f"{head}/confusion")
     if cells is not None and np.size(cells) == 4:
-        _, false_positives, false_negatives, true_positives = np.asarray(cells, np.float64).tolist()
-        rates = precision_recall(true_positives, false_positives, false_negatives)
-        out.update({f"{head}_{name}": value for name, value in rates.items()})
+        tn, fp, fn, tp = np.asarray(cells, np.float64).tolist()
+        out.update({f"{head}_{name}": value for name, value in confusion_figures(tp, fp, fn, tn, confusion).items()})
     return out
 
 
-def class_figures(head: str, histogram: np.ndarray, class_ids: list[int]) -> dict[str, float]:
+def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
+                  confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """Each class's figures one against the rest, as TFMA's binarize computes them: the class's
     probability above 0.5 is a positive (buckets above AUC_BUCKETS / 2), the label being the class a
     positive label. A class id the head does not have, or without a labelled row, has none."""
@@ -345,7 +371,7 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int]) -> dic
         if tp + fp + fn + tn == 0:
             continue
         figures = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
-                   **precision_recall(tp, fp, fn)}
+                   **confusion_figures(tp, fp, fn, tn, confusion)}
         out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in figures.items() if v is not None})
     return out
 
@@ -367,10 +393,11 @@ class SliceTotals:
         for name, value in calibration.items():
             self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
 
-    def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None) -> dict[str, float]:
+    def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None,
+                confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
-        classifiers and `_precision`, `_recall` and `_f1_score` for binary ones, and `class_ids`' figures one class
-        against the rest (`{head: ids}`: class_figures); a head without a
+        classifiers and the `confusion` figures (CONFUSION_FIGURES) for binary ones, and `class_ids`'
+        figures one class against the rest (`{head: ids}`: class_figures); a head without a
         labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
@@ -384,9 +411,10 @@ class SliceTotals:
                 metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
                 metrics[f"{head.name}_mse"] = metrics[f"{head.name}_rmse"] ** 2
             else:
-                metrics.update(classifier_figures(head.name, sums))
+                metrics.update(classifier_figures(head.name, sums, confusion))
                 if (class_ids or {}).get(head.name) and f"{head.name}/auc_histogram" in sums:
-                    metrics.update(class_figures(head.name, sums[f"{head.name}/auc_histogram"], class_ids[head.name]))
+                    metrics.update(class_figures(head.name, sums[f"{head.name}/auc_histogram"], class_ids[head.name],
+                                                 confusion))
         return metrics
 
     def examples(self, key: SliceKey) -> int:
