@@ -336,3 +336,23 @@ def test_confusion_metrics_named_in_a_spec_are_computed_and_gated(taxi_like):
                                                          "true_positives", "true_negatives", "f1_score"))
     assert not any(higher_is_better(f"{LABEL}_{n}") for n in ("fall_out", "miss_rate", "false_discovery_rate",
                                                              "false_omission_rate", "false_positives", "false_negatives"))
+
+
+def test_tfma_means_of_a_binary_head_and_of_a_regression(taxi_like):
+    """MeanLabel, MeanPrediction and Calibration per slice, where a spec names them: class 1's
+    label and probability for a binary head, the label and prediction for a regression."""
+    x, y = taxi_like["x"], taxi_like["y"]
+    p = 1 / (1 + np.exp(-(2.0 * x - 0.5)))
+    means = [{"class_name": name} for name in ("MeanLabel", "MeanPrediction", "Calibration")]
+    model = one_column_model(taxi_like["root"] / "means", 2.0, -0.5, False)
+    for binary in (True, False):
+        metrics = means + ([{"class_name": "BinaryAccuracy"}] if binary else [])
+        overall = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics}]).slices_json()["slices"][0]["candidate"]
+        assert (f"{LABEL}_accuracy" in overall) is binary
+        assert overall[f"{LABEL}_mean_label"] == pytest.approx(np.mean(y), abs=1e-9)
+        assert overall[f"{LABEL}_mean_prediction"] == pytest.approx(np.mean(p), rel=1e-5)
+        assert overall[f"{LABEL}_calibration"] == pytest.approx(np.sum(p) / np.sum(y), rel=1e-5)
+    plain = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "BinaryAccuracy"}]}])
+    assert f"{LABEL}_mean_label" not in plain.slices_json()["slices"][0]["candidate"]
+    with pytest.raises(ValidationError, match="binarize: MeanLabel is not computed per class"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MeanLabel"}], "binarize": {"class_ids": {"values": [0]}}}])

@@ -107,6 +107,9 @@ CONFUSION_METRICS = {
     "FalseNegatives": "false_negatives",
 }
 ALWAYS_CONFUSION_FIGURES = ("precision", "recall", "f1_score")
+# TFMA's means of a binary head (class 1's label and probability) or a regression, per slice where a
+# metrics_spec names them: Calibration is the sum of the predictions over the sum of the labels.
+MEAN_METRICS = {"MeanLabel": "mean_label", "MeanPrediction": "mean_prediction", "Calibration": "calibration"}
 
 # TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
 # with the head kind it exists for (None: any). A class name outside this table is refused.
@@ -118,6 +121,7 @@ TFMA_METRICS = {
     "BinaryCrossentropy": ("loss", "classification"), "CategoricalCrossentropy": ("loss", "classification"),
     "SparseCategoricalCrossentropy": ("loss", "classification"),
     **{class_name: (figure, "classification") for class_name, figure in CONFUSION_METRICS.items()},
+    **{class_name: (figure, None) for class_name, figure in MEAN_METRICS.items()},
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
 }
@@ -344,10 +348,12 @@ class EvaluatorConfig(Section):
                         for metric, slices, t in wanted for figure in spec.figures(metric, head, heads.get(head))]
         return out
 
-    def confusion_figures(self) -> list[str]:
-        """The confusion-matrix figures the slices carry: ALWAYS_CONFUSION_FIGURES and those metrics_specs name."""
+    def slice_figures(self) -> list[str]:
+        """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
+        and mean figures that metrics_specs name."""
         named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics}
-        return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & set(CONFUSION_METRICS.values()) - set(ALWAYS_CONFUSION_FIGURES))]
+        optional = set(CONFUSION_METRICS.values()) | set(MEAN_METRICS.values())
+        return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:
         """The class ids each head's figures are wanted for one against the rest (metrics_specs' binarize)."""

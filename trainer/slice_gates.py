@@ -18,12 +18,12 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
     examples and both models' metrics, the candidate's confusion matrices, the calibration bins.
     `kinds`: how each slicing feature is stored (Slicer.kinds), for TFMA's typed slice keys."""
     slices, class_ids = [], config.binarized_classes([head.name for head in candidate.heads])
-    confusion = config.confusion_figures()
+    figures = config.slice_figures()
     for key in candidate.sums:  # insertion order: Overall is in every batch's first segment
         examples = candidate.examples(key)
         slices.append({"slice": slice_name(key), "features": dict(key), "examples": examples,
-                       "candidate": candidate.metrics(key, class_ids, confusion),
-                       "champion": champion.metrics(key, class_ids, confusion) if champion is not None and key in champion.sums else None,
+                       "candidate": candidate.metrics(key, class_ids, figures),
+                       "champion": champion.metrics(key, class_ids, figures) if champion is not None and key in champion.sums else None,
                        "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
                        "_key": key})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))

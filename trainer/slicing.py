@@ -208,7 +208,8 @@ class Slicer:
 def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
                      losses) -> dict[str, tf.Tensor]:
     """What is summed per slice, row by row, beside HeadTotals.row_values: the row itself, each
-    regression's absolute error and each classifier's (label, predicted class) cell."""
+    regression's absolute error and each classifier's (label, predicted class) cell, and the label
+    and prediction of a regression or a binary head (class 1's) for TFMA's means."""
     values = {}
     values["examples"] = tf.ones_like(losses[heads[0].name][1]) if heads else tf.zeros([0])
     for head in heads:
@@ -218,9 +219,14 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
             predicted = tf.argmax(outputs[head.name], axis=-1, output_type=tf.int32)
             cell = tf.maximum(targets[head.name], 0) * k + predicted
             values[f"{head.name}/confusion"] = tf.one_hot(cell, k * k) * mask[:, tf.newaxis]
+            if k == 2:
+                values[f"{head.name}/label"] = tf.cast(targets[head.name] == 1, tf.float32) * mask
+                values[f"{head.name}/prediction"] = outputs[head.name][:, 1] * mask
         elif head.kind != CLASSIFICATION:
-            error = tf.reshape(outputs[head.name], [-1]) - tf.where(mask > 0, targets[head.name], 0.0)
-            values[f"{head.name}/abs_error"] = tf.abs(error) * mask
+            label = tf.where(mask > 0, targets[head.name], 0.0)
+            prediction = tf.reshape(outputs[head.name], [-1]) * mask
+            values[f"{head.name}/abs_error"] = tf.abs(prediction - label) * mask
+            values[f"{head.name}/label"], values[f"{head.name}/prediction"] = label * mask, prediction
     return values
 
 
@@ -340,9 +346,21 @@ def confusion_figures(tp: float, fp: float, fn: float, tn: float, names) -> dict
     return {name: float(value) for name, value in figures.items() if value is not None}
 
 
-def classifier_figures(head: str, sums: dict[str, np.ndarray], confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
-    """A classifier's AUC from its histograms and, for a binary head, the `confusion` figures of
+def mean_figures(head: str, sums: dict[str, np.ndarray], names) -> dict[str, float]:
+    """TFMA's MeanLabel, MeanPrediction and Calibration (predictions over labels, left out where the
+    labels sum to 0: TFMA's NaN) of the `names` wanted, for a head with label and prediction sums."""
+    if f"{head}/label" not in sums:
+        return {}
+    count, label, prediction = (float(sums[f"{head}/{k}"]) for k in ("count", "label", "prediction"))
+    figures = {"mean_label": _ratio(label, count), "mean_prediction": _ratio(prediction, count),
+               "calibration": prediction / label if abs(label) > 1e-8 else None}  # TFMA: NaN where isclose(0)
+    return {f"{head}_{name}": value for name, value in figures.items() if name in names and value is not None}
+
+
+def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+    """A classifier's AUC from its histograms and, for a binary head, the confusion `figures` of
     class 1 at its predicted class (p > 0.5, TFMA's default threshold)."""
+    confusion = [name for name in figures if name in CONFUSION_FIGURES]
     out = {}
     if f"{head}/auc_histogram" in sums:
         auc = head_auc(sums[f"{head}/auc_histogram"])
@@ -356,11 +374,11 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray], confusion=ALWAYS_
 
 
 def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
-                  confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+                  figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """Each class's figures one against the rest, as TFMA's binarize computes them: the class's
     probability above 0.5 is a positive (buckets above AUC_BUCKETS / 2), the label being the class a
     positive label. A class id the head does not have, or without a labelled row, has none."""
-    out = {}
+    out, confusion = {}, [name for name in figures if name in CONFUSION_FIGURES]
     for c in class_ids:
         if c >= len(histogram):
             continue
@@ -394,11 +412,12 @@ class SliceTotals:
             self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
 
     def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None,
-                confusion=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+                figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
-        classifiers and the `confusion` figures (CONFUSION_FIGURES) for binary ones, and `class_ids`'
-        figures one class against the rest (`{head: ids}`: class_figures); a head without a
-        labelled row in the slice has no figures there (nor has the total `loss`)."""
+        classifiers, and of the optional `figures` (EvaluatorConfig.slice_figures) the confusion ones
+        (CONFUSION_FIGURES) for binary heads and the means for those and regressions, and
+        `class_ids`' figures one class against the rest (`{head: ids}`: class_figures); a head
+        without a labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
         totals.add_sums({k: v for k, v in sums.items() if np.ndim(v) == 0 and "/" in k})
@@ -407,14 +426,16 @@ class SliceTotals:
             if sums.get(f"{head.name}/count", 0.0) == 0:
                 metrics = {k: v for k, v in metrics.items() if not k.startswith(f"{head.name}_") or k.endswith("_examples")}
                 metrics.pop("loss", None), metrics.pop("weighted_loss", None)
-            elif f"{head.name}/abs_error" in sums:
+                continue
+            metrics.update(mean_figures(head.name, sums, figures))
+            if f"{head.name}/abs_error" in sums:
                 metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
                 metrics[f"{head.name}_mse"] = metrics[f"{head.name}_rmse"] ** 2
             else:
-                metrics.update(classifier_figures(head.name, sums, confusion))
+                metrics.update(classifier_figures(head.name, sums, figures))
                 if (class_ids or {}).get(head.name) and f"{head.name}/auc_histogram" in sums:
                     metrics.update(class_figures(head.name, sums[f"{head.name}/auc_histogram"], class_ids[head.name],
-                                                 confusion))
+                                                 figures))
         return metrics
 
     def examples(self, key: SliceKey) -> int:
