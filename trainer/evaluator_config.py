@@ -131,7 +131,8 @@ BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", *CONF
 
 def tfma_metric_name(class_name: str) -> str:
     """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
-    AUC -> auc, F1Score -> f1_score), by which MetricsSpec's `thresholds` and `per_slice_thresholds` name it."""
+    AUC -> auc, F1Score -> f1_score), by which MetricsSpec's `thresholds` and `per_slice_thresholds`
+    name it."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower()
 
 
@@ -218,8 +219,8 @@ class MetricsSpec(Section):
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
     binarize: BinarizationOptions | None = Field(
-        None, description="TFMA's binarize: the metrics (accuracy, AUC and the confusion-matrix metrics) of each class id one "
-        "against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
+        None, description="TFMA's binarize: the metrics (accuracy, AUC and the confusion-matrix metrics) of each "
+        "class id one against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
 
     @model_validator(mode="after")
     def _named_metrics(self):
@@ -265,8 +266,9 @@ class EvaluatorConfig(Section):
     )
     regression_metrics: list[str] = Field(
         default_factory=lambda: ["loss"], description="Metrics compared with the champion. Direction by one rule, the "
-        "one early stopping uses: a name with a word accuracy, auc, precision, recall, f1, specificity, predictive, threat, correlation or true is higher-is-better, others "
-        "lower. weighted_loss (heads weighted as training ended) is there for a module with loss_weights.")
+        "one early stopping uses: a name with a word accuracy, auc, precision, recall, f1, specificity, predictive, "
+        "threat, correlation or true is higher-is-better, others lower. weighted_loss (heads weighted as training "
+        "ended) is there for a module with loss_weights.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")
     trivial_margin: float = Field(
@@ -294,9 +296,9 @@ class EvaluatorConfig(Section):
         default_factory=list, description="TFMA's metrics_specs: metric class names (ExampleCount, BinaryAccuracy, AUC, "
         "Precision, MeanSquaredError...; each one of the Evaluator's own figures), their thresholds (gated on every "
         "evaluated slice), the thresholds and per_slice_thresholds maps by TFMA's metric name, output_names and "
-        "binarize. A binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, or a confusion-matrix metric such as "
-        "Precision, Recall, F1Score, Specificity) reads "
-        "a model's one-column output as the probability (or logit) of the label 1, not as a regression.")
+        "binarize. A binary metric named (BinaryAccuracy, BinaryCrossentropy, AUC, or a confusion-matrix metric such "
+        "as Precision, Recall, F1Score, Specificity) reads a model's one-column output as the probability (or logit) "
+        "of the label 1, not as a regression.")
     eval_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many eval examples (null: all).")
     batch_size: int = Field(4096, ge=1, description="Eval examples per batch, streamed once and fed to the candidate and the champion.")
     slicing_specs: list[SlicingSpec] = Field(

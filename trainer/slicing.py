@@ -388,9 +388,9 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
         fn, tn = float(positives[:half].sum()), float(negatives[:half].sum())
         if tp + fp + fn + tn == 0:
             continue
-        figures = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
-                   **confusion_figures(tp, fp, fn, tn, confusion)}
-        out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in figures.items() if v is not None})
+        values = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
+                  **confusion_figures(tp, fp, fn, tn, confusion)}
+        out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in values.items() if v is not None})
     return out
 
 
