@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from pydantic import ValidationError
-from sklearn.metrics import (f1_score, log_loss, matthews_corrcoef, mean_squared_error, precision_score, recall_score,
+from sklearn.metrics import (average_precision_score, f1_score, log_loss, matthews_corrcoef, mean_squared_error, precision_score, recall_score,
                              roc_auc_score)
 
 from trainer.blessing import evaluate_and_decide
@@ -231,7 +231,8 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
     logits = np.stack([2.0 * x[400:], np.zeros(200), -2.0 * x[400:]], axis=1)
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     truth = y[400:]
-    metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC", "F1Score")]
+    metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC", "F1Score",
+                                                 "AUCPrecisionRecall")]
     strict = {"value_threshold": {"lower_bound": 0.99}}
     decision = evaluate(data, model, metrics_specs=[{"metrics": metrics, "binarize": {"class_ids": {"values": [0, 1]}},
                                                      "thresholds": {"recall": strict}}])
@@ -242,6 +243,8 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
         assert overall[f"{LABEL}_recall_class_{c}"] == pytest.approx(recall_score(positive, predicted), abs=1e-9)
         assert overall[f"{LABEL}_auc_class_{c}"] == pytest.approx(roc_auc_score(positive, p[:, c]), abs=2e-3)
         assert overall[f"{LABEL}_f1_score_class_{c}"] == pytest.approx(f1_score(positive, predicted), abs=1e-9)
+        assert overall[f"{LABEL}_auc_precision_recall_class_{c}"] == pytest.approx(
+            average_precision_score(positive, p[:, c]), abs=0.02)
     assert overall[f"{LABEL}_precision_class_0"] == pytest.approx(precision_score(truth == 0, p[:, 0] > 0.5), abs=1e-9)
     assert f"{LABEL}_recall_class_2" not in overall and f"{LABEL}_precision" not in overall
     # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name;
@@ -356,3 +359,33 @@ def test_tfma_means_of_a_binary_head_and_of_a_regression(taxi_like):
     assert f"{LABEL}_mean_label" not in plain.slices_json()["slices"][0]["candidate"]
     with pytest.raises(ValidationError, match="binarize: MeanLabel is not computed per class"):
         EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MeanLabel"}], "binarize": {"class_ids": {"values": [0]}}}])
+
+
+def test_the_precision_recall_auc_is_tfma_s(taxi_like):
+    """AUCPrecisionRecall of a one-column model: Keras' PR AUC on the same thresholds (the Evaluator's
+    1,000 buckets), and TFMA's own interpolation on the Evaluator's counts at those thresholds."""
+    import tf_keras
+    from tensorflow_model_analysis import metrics as tfma_metrics
+    from tensorflow_model_analysis.metrics.binary_confusion_matrices import Matrices
+
+    from trainer.slicing import AUC_BUCKETS, pr_auc, roc_auc, threshold_counts
+
+    model = one_column_model(taxi_like["root"] / "pr_auc", 2.0, -0.5, False)
+    y, p = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "AUCPrecisionRecall"}]}])
+    figure = decision.slices_json()["slices"][0]["candidate"][f"{LABEL}_auc_precision_recall"]
+    keras_pr = tf_keras.metrics.AUC(num_thresholds=AUC_BUCKETS + 1, curve="PR")
+    keras_pr.update_state(y, p.astype(np.float32))
+    assert figure == pytest.approx(float(keras_pr.result()), abs=1e-4)
+
+    buckets = np.ceil(p * AUC_BUCKETS).astype(int)
+    negatives = np.bincount(buckets[y == 0], minlength=AUC_BUCKETS + 1).astype(float)
+    positives = np.bincount(buckets[y == 1], minlength=AUC_BUCKETS + 1).astype(float)
+    tp, fp, fn, tn = threshold_counts(negatives, positives)
+    thresholds = [-1e-7, *(np.arange(1, AUC_BUCKETS) / AUC_BUCKETS), 1 + 1e-7]
+    matrices = Matrices(thresholds=thresholds, tp=list(tp), tn=list(tn), fp=list(fp), fn=list(fn))
+    tfma_auc = tfma_metrics.AUC()
+    for curve, ours in (("PR", pr_auc(negatives, positives)), ("ROC", roc_auc(negatives, positives))):
+        theirs = tfma_auc._metric_value(curve=curve, summation_method="interpolation", key=None, matrices=matrices)
+        assert ours == pytest.approx(theirs, abs=1e-12), curve
+    assert pr_auc(negatives, np.zeros_like(positives)) is None

@@ -110,6 +110,9 @@ ALWAYS_CONFUSION_FIGURES = ("precision", "recall", "f1_score")
 # TFMA's means of a binary head (class 1's label and probability) or a regression, per slice where a
 # metrics_spec names them: Calibration is the sum of the predictions over the sum of the labels.
 MEAN_METRICS = {"MeanLabel": "mean_label", "MeanPrediction": "mean_prediction", "Calibration": "calibration"}
+# TFMA's AUCPrecisionRecall: the precision-recall curve's area (TFMA's interpolation) of a binary
+# head's class 1, or one class against the rest under binarize, where a metrics_spec names it.
+PR_AUC = "auc_precision_recall"
 
 # TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
 # with the head kind it exists for (None: any). A class name outside this table is refused.
@@ -122,18 +125,19 @@ TFMA_METRICS = {
     "SparseCategoricalCrossentropy": ("loss", "classification"),
     **{class_name: (figure, "classification") for class_name, figure in CONFUSION_METRICS.items()},
     **{class_name: (figure, None) for class_name, figure in MEAN_METRICS.items()},
+    "AUCPrecisionRecall": (PR_AUC, "classification"),
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
 }
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
-BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", *CONFUSION_METRICS})
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS})
 
 
 def tfma_metric_name(class_name: str) -> str:
     """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
-    AUC -> auc, F1Score -> f1_score), by which MetricsSpec's `thresholds` and `per_slice_thresholds`
+    AUC -> auc, F1Score -> f1_score, AUCPrecisionRecall -> auc_precision_recall), by which MetricsSpec's `thresholds` and `per_slice_thresholds`
     name it."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower()
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
 
 
 class MetricThreshold(Section):
@@ -168,7 +172,7 @@ class MetricConfig(Section):
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
 # histograms of the class's probability at TFMA's threshold 0.5 (trainer.slicing.class_figures).
-BINARIZED_FIGURES = frozenset({"accuracy", "auc", *CONFUSION_METRICS.values()})
+BINARIZED_FIGURES = frozenset({"accuracy", "auc", PR_AUC, *CONFUSION_METRICS.values()})
 # ...and those a binarized spec keeps as they are, of the whole head (ExampleCount).
 UNBINARIZED_FIGURES = frozenset({"examples"})
 
@@ -352,9 +356,9 @@ class EvaluatorConfig(Section):
 
     def slice_figures(self) -> list[str]:
         """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
-        and mean figures that metrics_specs name."""
+        figures, the means and the precision-recall AUC where metrics_specs name them."""
         named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics}
-        optional = set(CONFUSION_METRICS.values()) | set(MEAN_METRICS.values())
+        optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), PR_AUC}
         return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, class_figure
+from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, PR_AUC, class_figure
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
@@ -254,19 +254,41 @@ def auc_histograms(heads: list[Head], targets: dict[str, tf.Tensor], outputs: di
     return sums
 
 
+def threshold_counts(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(tp, fp, fn, tn) at the thresholds Keras' and TFMA's AUC use, from auc_histograms' buckets:
+    -eps, 1 / n .. (n - 1) / n, 1 + eps (n = AUC_BUCKETS), a row counted positive above each."""
+
+    def above(counts: np.ndarray) -> np.ndarray:
+        at_or_above = np.cumsum(counts[::-1])[::-1]  # rows in bucket >= j
+        return np.concatenate([[counts.sum()], at_or_above[2:AUC_BUCKETS + 1], [0.0]])
+
+    tp, fp = above(positives), above(negatives)
+    return tp, fp, positives.sum() - tp, negatives.sum() - fp
+
+
 def roc_auc(negatives: np.ndarray, positives: np.ndarray) -> float | None:
     """The ROC curve's area from auc_histograms' buckets, as Keras' and TFMA's AUC compute it
-    (thresholds -eps, 1 / n .. (n - 1) / n, 1 + eps; trapezoids); None without both classes."""
+    (threshold_counts; trapezoids); None without both classes."""
     if positives.sum() == 0 or negatives.sum() == 0:
         return None
-
-    def rates(counts: np.ndarray) -> np.ndarray:
-        at_or_above = np.cumsum(counts[::-1])[::-1]  # rows in bucket >= j
-        above = np.concatenate([[counts.sum()], at_or_above[2:AUC_BUCKETS + 1], [0.0]])  # rows with p > threshold
-        return above / counts.sum()
-
-    tpr, fpr = rates(positives), rates(negatives)
+    tp, fp, _, _ = threshold_counts(negatives, positives)
+    tpr, fpr = tp / positives.sum(), fp / negatives.sum()
     return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2))
+
+
+def pr_auc(negatives: np.ndarray, positives: np.ndarray) -> float | None:
+    """The precision-recall curve's area at threshold_counts, by TFMA's AUCPrecisionRecall
+    interpolation (Davis and Goadrich: precision interpolated along the predicted positives); None
+    without a positive row (TFMA's sum of NaNs)."""
+    if positives.sum() == 0:
+        return None
+    tp, fp, fn, _ = threshold_counts(negatives, positives)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dtp, p = tp[:-1] - tp[1:], tp + fp
+        slope = dtp / np.maximum(p[:-1] - p[1:], 0)
+        intercept = tp[1:] - slope * p[1:]
+        ratio = np.divide(p[:-1], p[1:], out=np.ones_like(p[1:]), where=p[1:] != 0)
+        return float(np.nansum(slope * (dtp + intercept * np.log(ratio)) / np.maximum(tp[1:] + fn[1:], 0)))
 
 
 def segment_sums(values: dict[str, tf.Tensor], index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -359,13 +381,18 @@ def mean_figures(head: str, sums: dict[str, np.ndarray], names) -> dict[str, flo
 
 def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """A classifier's AUC from its histograms and, for a binary head, the confusion `figures` of
-    class 1 at its predicted class (p > 0.5, TFMA's default threshold)."""
+    class 1 at its predicted class (p > 0.5, TFMA's default threshold) and its precision-recall AUC
+    where `figures` has it."""
     confusion = [name for name in figures if name in CONFUSION_FIGURES]
     out = {}
-    if f"{head}/auc_histogram" in sums:
-        auc = head_auc(sums[f"{head}/auc_histogram"])
+    histogram = sums.get(f"{head}/auc_histogram")
+    if histogram is not None:
+        auc = head_auc(histogram)
         if auc is not None:
             out[f"{head}_auc"] = auc
+        area = pr_auc(histogram[1, :, 0], histogram[1, :, 1]) if PR_AUC in figures and len(histogram) == 2 else None
+        if area is not None:
+            out[f"{head}_{PR_AUC}"] = area
     cells = sums.get(f"{head}/confusion")
     if cells is not None and np.size(cells) == 4:
         tn, fp, fn, tp = np.asarray(cells, np.float64).tolist()
@@ -390,6 +417,8 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
             continue
         values = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
                   **confusion_figures(tp, fp, fn, tn, confusion)}
+        if PR_AUC in figures:
+            values[PR_AUC] = pr_auc(negatives, positives)
         out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in values.items() if v is not None})
     return out
 
