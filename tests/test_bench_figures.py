@@ -68,3 +68,12 @@ def test_a_count_is_written_out_of_the_latest_runs_total(tmp_path, monkeypatch):
     (tmp_path / "demo.json").write_text(json.dumps({"runs": [{"within": 6}]}))
     with pytest.raises(figures.MissingFigure, match="no number at 'measured'"):
         figures.readme_lines(results)
+
+
+def test_only_the_runs_where_each_key_has_its_value_or_none(tmp_path):
+    """The quality figure reads the docs' split at the defaults: a run on another split, or of a
+    variant (QUALITY_SET keys), is passed over; older runs without those keys count."""
+    runs = [{"within": 6}, {"within": 5, "split_seed": 0, "set": []}, {"within": 1, "split_seed": 3},
+            {"within": 0, "split_seed": 0, "set": ["trainer.ema_decay=0.99"]}]
+    fig = Figure("", "demo", "within", "{:.0f}", runs_where=(("split_seed", 0), ("set", [])))
+    assert figures.measured(fig, _results(tmp_path, runs)) == (5, [6, 5])

@@ -43,7 +43,17 @@ def server(tmp_path_factory, exported):
 
 
 def connect(port: int, timeout: float = 15) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    """A connection to the REST port, retried while it is refused: the harness waits until gRPC
+    answers (as TF Serving's does), and the REST listener starts a moment after. A refused
+    connection never reaches the server, so no limit counts it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def read_answer(reader) -> tuple[int, bytes]:
