@@ -17,6 +17,7 @@ CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candid
 # loopline's per-head metric suffixes as TFMA names them (metric key name, per output = head).
 _TFMA_NAMES = {"loss": "loss", "accuracy": "accuracy", "rmse": "root_mean_squared_error",
                "mse": "mean_squared_error", "mae": "mean_absolute_error", "examples": "example_count",
+               "mape": "mean_absolute_percentage_error", "msle": "mean_squared_logarithmic_error",
                "unseen_label_examples": "unseen_label_examples"}
 
 

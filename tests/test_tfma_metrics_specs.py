@@ -121,11 +121,18 @@ def test_the_reading_of_scores_is_decided_once_per_model(taxi_like, tmp_path):
 
 def test_without_a_binary_metric_one_column_stays_a_regression(taxi_like):
     model = one_column_model(taxi_like["root"] / "regression", 2.0, -0.5, False)
-    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "MeanSquaredError"}]}])
+    errors = [{"class_name": n} for n in ("MeanSquaredError", "MeanAbsolutePercentageError", "MeanSquaredLogarithmicError")]
+    decision = evaluate(taxi_like, model, metrics_specs=[{"metrics": errors}])
     assert f"{LABEL}_rmse" in decision.candidate and f"{LABEL}_accuracy" not in decision.candidate
-    p = 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    y, p = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
     overall = decision.slices_json()["slices"][0]["candidate"]
-    assert overall[f"{LABEL}_mse"] == pytest.approx(mean_squared_error(taxi_like["y"], p), rel=1e-5)
+    assert overall[f"{LABEL}_mse"] == pytest.approx(mean_squared_error(y, p), rel=1e-5)
+    # TFMA's: a row labelled 0 has no percentage error, and is left out of the mean.
+    assert overall[f"{LABEL}_mape"] == pytest.approx(100 * np.mean(np.abs(1 - p[y == 1])), rel=1e-5)
+    assert overall[f"{LABEL}_msle"] == pytest.approx(np.mean((np.log1p(y) - np.log1p(p)) ** 2), rel=1e-4)
+    from components.tfma_result import metric_key
+    assert metric_key(f"{LABEL}_msle", [LABEL], "candidate").name == "mean_squared_logarithmic_error"
+    assert f"{LABEL}_mape" not in evaluate(taxi_like, model).slices_json()["slices"][0]["candidate"]
 
 
 def test_the_threshold_maps_and_output_names_of_a_metrics_spec(taxi_like):
@@ -270,8 +277,8 @@ def test_a_metric_of_another_head_kind_refuses_naming_it(taxi_like):
 
 
 def test_a_metric_loopline_does_not_compute_is_refused_by_name():
-    with pytest.raises(ValidationError, match="class_name 'MeanSquaredLogarithmicError' is not computed"):
-        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MeanSquaredLogarithmicError"}]}])
+    with pytest.raises(ValidationError, match="class_name 'PrecisionAtRecall' is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "PrecisionAtRecall"}]}])
     with pytest.raises(ValidationError, match="binarize"):
         EvaluatorConfig(metrics_specs=[{"metrics": [], "binarize": {"top_k_list": [1]}}])
 

@@ -110,6 +110,10 @@ ALWAYS_CONFUSION_FIGURES = ("precision", "recall", "f1_score")
 # TFMA's means of a binary head (class 1's label and probability) or a regression, per slice where a
 # metrics_spec names them: Calibration is the sum of the predictions over the sum of the labels.
 MEAN_METRICS = {"MeanLabel": "mean_label", "MeanPrediction": "mean_prediction", "Calibration": "calibration"}
+# TFMA's regression errors beyond MSE and MAE, per slice where a metrics_spec names them: the mean
+# absolute percentage error (rows labelled 0 left out, as TFMA's are) and the mean squared
+# logarithmic error (log(y + 1) - log(p + 1); rows where it is not a number left out).
+ERROR_METRICS = {"MeanAbsolutePercentageError": "mape", "MeanSquaredLogarithmicError": "msle"}
 # TFMA's AUCPrecisionRecall: the precision-recall curve's area (TFMA's interpolation) of a binary
 # head's class 1, or one class against the rest under binarize, where a metrics_spec names it.
 PR_AUC = "auc_precision_recall"
@@ -128,6 +132,7 @@ TFMA_METRICS = {
     "AUCPrecisionRecall": (PR_AUC, "classification"),
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
+    **{class_name: (figure, "regression") for class_name, figure in ERROR_METRICS.items()},
 }
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
 BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS})
@@ -356,9 +361,10 @@ class EvaluatorConfig(Section):
 
     def slice_figures(self) -> list[str]:
         """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
-        figures, the means and the precision-recall AUC where metrics_specs name them."""
+        figures, the means, the regression errors and the precision-recall AUC where metrics_specs
+        name them."""
         named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics}
-        optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), PR_AUC}
+        optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), *ERROR_METRICS.values(), PR_AUC}
         return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:

@@ -208,8 +208,9 @@ class Slicer:
 def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor],
                      losses) -> dict[str, tf.Tensor]:
     """What is summed per slice, row by row, beside HeadTotals.row_values: the row itself, each
-    regression's absolute error and each classifier's (label, predicted class) cell, and the label
-    and prediction of a regression or a binary head (class 1's) for TFMA's means."""
+    regression's absolute, percentage and logarithmic errors and each classifier's (label, predicted
+    class) cell, and the label and prediction of a regression or a binary head (class 1's) for
+    TFMA's means."""
     values = {}
     values["examples"] = tf.ones_like(losses[heads[0].name][1]) if heads else tf.zeros([0])
     for head in heads:
@@ -227,7 +228,22 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
             prediction = tf.reshape(outputs[head.name], [-1]) * mask
             values[f"{head.name}/abs_error"] = tf.abs(prediction - label) * mask
             values[f"{head.name}/label"], values[f"{head.name}/prediction"] = label * mask, prediction
+            values.update(_error_rows(head.name, label, prediction, mask))
     return values
+
+
+def _error_rows(head: str, label: tf.Tensor, prediction: tf.Tensor, mask: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A regression's absolute percentage and squared logarithmic errors, each with the rows it is
+    defined on (TFMA leaves out a row labelled 0, and one whose logarithm is not a number)."""
+    percentage, logarithmic = 100.0 * tf.abs((label - prediction) / label), tf.square(
+        tf.math.log(label + 1.0) - tf.math.log(prediction + 1.0))
+    out = {}
+    for name, error in (("ape", percentage), ("sle", logarithmic)):
+        kept = tf.logical_and(mask > 0, tf.logical_not(tf.math.is_nan(error)))
+        if name == "ape":
+            kept = tf.logical_and(kept, label != 0)
+        out[f"{head}/{name}"], out[f"{head}/{name}_rows"] = tf.where(kept, error, 0.0), tf.cast(kept, tf.float32)
+    return out
 
 
 @tf.autograph.experimental.do_not_convert
@@ -379,6 +395,14 @@ def mean_figures(head: str, sums: dict[str, np.ndarray], names) -> dict[str, flo
     return {f"{head}_{name}": value for name, value in figures.items() if name in names and value is not None}
 
 
+def error_figures(head: str, sums: dict[str, np.ndarray], names) -> dict[str, float]:
+    """A regression's mean absolute percentage error and mean squared logarithmic error, of the
+    `names` wanted, over the rows each is defined on (none without such a row: TFMA's NaN)."""
+    figures = {figure: _ratio(float(sums[f"{head}/{row}"]), float(sums[f"{head}/{row}_rows"]))
+               for figure, row in (("mape", "ape"), ("msle", "sle")) if f"{head}/{row}" in sums}
+    return {f"{head}_{name}": value for name, value in figures.items() if name in names and value is not None}
+
+
 def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """A classifier's AUC from its histograms and, for a binary head, the confusion `figures` of
     class 1 at its predicted class (p > 0.5, TFMA's default threshold) and its precision-recall AUC
@@ -444,7 +468,8 @@ class SliceTotals:
                 figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
         classifiers, and of the optional `figures` (EvaluatorConfig.slice_figures) the confusion ones
-        (CONFUSION_FIGURES) for binary heads and the means for those and regressions, and
+        (CONFUSION_FIGURES) for binary heads, the means for those and regressions, a regression's
+        percentage and logarithmic errors, and
         `class_ids`' figures one class against the rest (`{head: ids}`: class_figures); a head
         without a labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
@@ -460,6 +485,7 @@ class SliceTotals:
             if f"{head.name}/abs_error" in sums:
                 metrics[f"{head.name}_mae"] = float(sums[f"{head.name}/abs_error"]) / float(sums[f"{head.name}/count"])
                 metrics[f"{head.name}_mse"] = metrics[f"{head.name}_rmse"] ** 2
+                metrics.update(error_figures(head.name, sums, figures))
             else:
                 metrics.update(classifier_figures(head.name, sums, figures))
                 if (class_ids or {}).get(head.name) and f"{head.name}/auc_histogram" in sums:
