@@ -111,8 +111,8 @@ def tfx_keras():
     through `tf.keras` before calling run_local) keeps Keras 3 there, and a run_fn's Keras 3 model
     saved with `tf.saved_model.save` does not restore in a TF1 Session, as TF Serving calls it
     (`Could not find variable dense_1/kernel`). module_function imports a module in the block,
-    and its functions are called in one, so its `tf.keras`, `from tensorflow import keras` and `from tensorflow.keras[.<submodule>]
-    import ...` are Keras 2 either way; all are put back after. The swap is the process's: what
+    and its functions are called in one, so its `tf.keras`, `from tensorflow import keras` and
+    `from tensorflow.keras[.<submodule>] import ...` are Keras 2 either way; all are put back after. The swap is the process's: what
     else runs in the block (Beam's workers for a preprocessing_fn) sees it too."""
     import tensorflow as tf
     import tf_keras.api._v2.keras as keras_2  # what TensorFlow's loader gives under TF_USE_LEGACY_KERAS

@@ -140,8 +140,8 @@ BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCP
 
 def tfma_metric_name(class_name: str) -> str:
     """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
-    AUC -> auc, F1Score -> f1_score, AUCPrecisionRecall -> auc_precision_recall), by which MetricsSpec's `thresholds` and `per_slice_thresholds`
-    name it."""
+    AUC -> auc, F1Score -> f1_score, AUCPrecisionRecall -> auc_precision_recall), by which
+    MetricsSpec's `thresholds` and `per_slice_thresholds` name it."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
 
 
@@ -344,8 +344,9 @@ class EvaluatorConfig(Section):
     def metric_thresholds(self, heads: dict[str, str]) -> list[SliceThreshold]:
         """metrics_specs' thresholds as per-slice thresholds, one per head of the spec (`heads`: name ->
         kind): a metric's own threshold and the `thresholds` map on every evaluated slice (TFMA's
-        slice spec None), and the `per_slice_thresholds` map on its specs' slices. An output name that is no head keeps its
-        name, so its figure is missing and the threshold refuses the candidate."""
+        slice spec None), and the `per_slice_thresholds` map on its specs' slices. An output name
+        that is no head keeps its name, so its figure is missing and the threshold refuses the
+        candidate."""
         out, every = [], [SlicingSpec(), *self.slicing_specs]  # TFMA: a threshold without a spec is on every slice
         for spec in self.metrics_specs:
             metrics = spec.by_class()

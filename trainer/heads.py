@@ -111,8 +111,8 @@ class Head:
         return loss * maskf, maskf
 
 
-HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1", "specificity", "predictive", "threat",
-                                    "correlation", "true"})
+HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1", "specificity", "predictive",
+                                    "threat", "correlation", "true"})
 
 
 def higher_is_better(metric: str) -> bool:

@@ -227,7 +227,7 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
             label = tf.where(mask > 0, targets[head.name], 0.0)
             prediction = tf.reshape(outputs[head.name], [-1]) * mask
             values[f"{head.name}/abs_error"] = tf.abs(prediction - label) * mask
-            values[f"{head.name}/label"], values[f"{head.name}/prediction"] = label * mask, prediction
+            values[f"{head.name}/label"], values[f"{head.name}/prediction"] = label, prediction
             values.update(_error_rows(head.name, label, prediction, mask))
     return values
 
@@ -235,13 +235,11 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
 def _error_rows(head: str, label: tf.Tensor, prediction: tf.Tensor, mask: tf.Tensor) -> dict[str, tf.Tensor]:
     """A regression's absolute percentage and squared logarithmic errors, each with the rows it is
     defined on (TFMA leaves out a row labelled 0, and one whose logarithm is not a number)."""
-    percentage, logarithmic = 100.0 * tf.abs((label - prediction) / label), tf.square(
-        tf.math.log(label + 1.0) - tf.math.log(prediction + 1.0))
+    percentage = 100.0 * tf.abs((label - prediction) / label)
+    logarithmic = tf.square(tf.math.log(label + 1.0) - tf.math.log(prediction + 1.0))
     out = {}
-    for name, error in (("ape", percentage), ("sle", logarithmic)):
-        kept = tf.logical_and(mask > 0, tf.logical_not(tf.math.is_nan(error)))
-        if name == "ape":
-            kept = tf.logical_and(kept, label != 0)
+    for name, error, rows in (("ape", percentage, label != 0), ("sle", logarithmic, True)):
+        kept = tf.logical_and(tf.logical_and(mask > 0, rows), tf.logical_not(tf.math.is_nan(error)))
         out[f"{head}/{name}"], out[f"{head}/{name}_rows"] = tf.where(kept, error, 0.0), tf.cast(kept, tf.float32)
     return out
 
@@ -427,16 +425,14 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CO
 def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
                   figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """Each class's figures one against the rest, as TFMA's binarize computes them: the class's
-    probability above 0.5 is a positive (buckets above AUC_BUCKETS / 2), the label being the class a
-    positive label. A class id the head does not have, or without a labelled row, has none."""
+    probability above 0.5 is a positive, the label being the class a positive label. A class id the head does not have, or without a labelled row, has none."""
     out, confusion = {}, [name for name in figures if name in CONFUSION_FIGURES]
     for c in class_ids:
         if c >= len(histogram):
             continue
         negatives, positives = histogram[c, :, 0], histogram[c, :, 1]
-        half = AUC_BUCKETS // 2 + 1  # bucket ceil(p x AUC_BUCKETS) > AUC_BUCKETS / 2 exactly when p > 0.5
-        tp, fp = float(positives[half:].sum()), float(negatives[half:].sum())
-        fn, tn = float(positives[:half].sum()), float(negatives[:half].sum())
+        # The counts at threshold index AUC_BUCKETS / 2: a positive is p > 0.5.
+        tp, fp, fn, tn = (float(counts[AUC_BUCKETS // 2]) for counts in threshold_counts(negatives, positives))
         if tp + fp + fn + tn == 0:
             continue
         values = {"accuracy": (tp + tn) / (tp + fp + fn + tn), "auc": roc_auc(negatives, positives),
@@ -469,9 +465,9 @@ class SliceTotals:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
         classifiers, and of the optional `figures` (EvaluatorConfig.slice_figures) the confusion ones
         (CONFUSION_FIGURES) for binary heads, the means for those and regressions, a regression's
-        percentage and logarithmic errors, and
-        `class_ids`' figures one class against the rest (`{head: ids}`: class_figures); a head
-        without a labelled row in the slice has no figures there (nor has the total `loss`)."""
+        percentage and logarithmic errors, and `class_ids`' figures one class against the rest
+        (`{head: ids}`: class_figures); a head without a labelled row in the slice has no figures
+        there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
         totals.add_sums({k: v for k, v in sums.items() if np.ndim(v) == 0 and "/" in k})
