@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import write_report
+from bench.report import REPORT, write_report
 from tracking.system_info import git_commit
 
 BENCHMARKS = ["train", "serving", "tflite", "pipeline"]  # `make bench` (all)
@@ -76,7 +76,10 @@ def main(argv=None) -> int:
         print(f"bench: unknown benchmark {unknown[0]!r}; choose from {BENCHMARKS + LONG}", file=sys.stderr)
         return 2
     RESULTS.mkdir(exist_ok=True)
-    commit = git_commit(str(REPO))  # before this invocation writes its results
+    # Before this invocation writes its results; the results and the report, which every run
+    # rewrites, do not make the measured code '-dirty'.
+    commit = git_commit(str(REPO), ignore=tuple(str(path.relative_to(REPO)) for path in (RESULTS, REPORT)
+                                                if path.is_relative_to(REPO)))
     for name in names:
         module = importlib.import_module(f"bench.{name}")
         started = time.time()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPORT = HERE / "REPORT.md"
 
 
 def short_commit(commit: str | None) -> str:
@@ -43,7 +44,7 @@ def _rows(name: str, result: dict, runs: list[dict], prefix: str = ""):
         yield f"| {name} | {prefix}{key} | {_format(value)} | {spread} | {len(seen) or ''} |"
 
 
-def write_report(results_dir: Path = HERE / "results", target: Path = HERE / "REPORT.md") -> Path:
+def write_report(results_dir: Path = HERE / "results", target: Path = REPORT) -> Path:
     history = {p.stem: json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))}
     runs = {name: data["runs"] if isinstance(data.get("runs"), list) else [data] for name, data in history.items()}
     results = {name: kept[-1] for name, kept in runs.items()}

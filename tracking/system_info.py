@@ -29,15 +29,18 @@ def devices() -> list[str]:
     return [f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_physical_devices()]
 
 
-def git_commit(folder: str | None = None) -> str | None:
+def git_commit(folder: str | None = None, ignore: tuple[str, ...] = ()) -> str | None:
     """HEAD of the repository holding `folder` (the working directory by default), with '-dirty'
-    appended when tracked files are modified; None outside a repository or without git."""
+    appended when tracked files are modified; None outside a repository or without git.
+    `ignore`: paths (from the repository's top) whose changes do not count, such as the files a
+    benchmark itself rewrites on every run."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
-                               capture_output=True, text=True, timeout=10)
+        excluded = [f":(top,exclude){path}" for path in ignore]
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", *excluded],
+                               cwd=folder, capture_output=True, text=True, timeout=10)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
