@@ -1,16 +1,20 @@
 """The Evaluator's per-slice figures (trainer.slice_gates' report) written in TensorFlow Model
 Analysis' own format, with TFMA's protos: `eval_config.json` (an EvalRun), `metrics*.tfrecord`
 (MetricsForSlice), `plots*.tfrecord` (PlotsForSlice: each classifier's confusion matrix per slice,
-the overall calibration histogram) and `validations.tfrecord` (ValidationResult), so that
-`tfma.load_eval_result(folder)` reads them. Only TFMA's protos are imported: the package is heavy."""
+the overall calibration histogram, and where a metrics_spec names ConfusionMatrixPlot each binary
+head's confusion matrices at TFMA's thresholds per slice) and `validations.tfrecord`
+(ValidationResult), so that `tfma.load_eval_result(folder)` reads them. Only TFMA's protos are
+imported: the package is heavy."""
 from __future__ import annotations
 
 import os
 import re
 
+import numpy as np
 import tensorflow as tf
 
 from trainer.evaluator_config import SlicingSpec
+from trainer.slicing import PLOT_THRESHOLDS
 
 CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candidate and its baseline
 
@@ -134,7 +138,10 @@ def metrics_for_slice(entry: dict, heads: list[str], kinds: dict[str, str], comp
 
 def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, list[dict]]):
     """The slice's confusion matrices (TFMA's multi_class_confusion_matrix_plot, at threshold 0:
-    the top class predicted) and, for Overall, the calibration histograms (calibration_plot)."""
+    the top class predicted), then, as TFMA's writer combines them in one plot without a name,
+    `entry`'s binary confusion matrices at thresholds (ConfusionMatrixPlot, where named) and, for
+    Overall, the calibration histograms (CalibrationPlot). tfma.load_eval_result keys plots by
+    output, so it shows an output's last one: the binary one."""
     from tensorflow_model_analysis.proto import metrics_for_slice_pb2
 
     out = metrics_for_slice_pb2.PlotsForSlice(slice_key=slice_key(entry, kinds))
@@ -146,16 +153,44 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
         for actual, row in enumerate(confusion["matrix"]):
             for predicted, count in enumerate(row):
                 matrix.entries.add(actual_class_id=actual, predicted_class_id=predicted, num_weighted_examples=count)
+    binary = {}  # TFMA's writer puts an output's ConfusionMatrixPlot and CalibrationPlot in one unnamed plot
+
+    def binary_plot(head: str):
+        if head not in binary:
+            plot = out.plot_keys_and_values.add()
+            plot.key.CopyFrom(metrics_for_slice_pb2.PlotKey(output_name=head, model_name=CANDIDATE))
+            binary[head] = plot.value
+        return binary[head]
+
+    for head, counts in entry.get("_plot_counts", {}).items():
+        confusion_matrices(binary_plot(head).confusion_matrix_at_thresholds, *counts)
     for head, bins in calibration.items():
-        plot = out.plot_keys_and_values.add()
-        plot.key.CopyFrom(metrics_for_slice_pb2.PlotKey(name="calibration_plot", output_name=head, model_name=CANDIDATE))
         for b in bins:
-            bucket = plot.value.calibration_histogram_buckets.buckets.add(
+            bucket = binary_plot(head).calibration_histogram_buckets.buckets.add(
                 lower_threshold_inclusive=b["lower"], upper_threshold_exclusive=b["upper"])
             bucket.num_weighted_examples.value = b["examples"]
             bucket.total_weighted_label.value = b["observed"] * b["examples"]
             bucket.total_weighted_refined_prediction.value = b["mean_prediction"] * b["examples"]
     return out
+
+
+def confusion_matrices(out, tp, fp, fn, tn) -> None:
+    """TFMA's ConfusionMatrixAtThresholds at trainer.slicing.PLOT_THRESHOLDS, as TFMA's Matrices.to_proto
+    fills it: precision 1 and recall 0 where undefined, the false omission rate NaN."""
+
+    def ratio(numerator, denominator, undefined):
+        return np.divide(numerator, denominator, out=np.full_like(denominator, undefined, dtype=np.float64),
+                         where=denominator > 0)
+
+    precision, recall = ratio(tp, tp + fp, 1.0), ratio(tp, tp + fn, 0.0)
+    f1 = ratio(2 * precision * recall, precision + recall, 0.0)
+    accuracy, fall_out = ratio(tp + tn, tp + tn + fp + fn, 0.0), ratio(fp, tn + fp, 0.0)
+    omission = ratio(fn, tn + fn, np.nan)
+    for i, threshold in enumerate(PLOT_THRESHOLDS):
+        out.matrices.add(threshold=round(float(threshold), 6), true_positives=tp[i], false_positives=fp[i],
+                         true_negatives=tn[i], false_negatives=fn[i], precision=precision[i], recall=recall[i],
+                         false_positive_rate=fall_out[i], false_omission_rate=omission[i], f1=f1[i],
+                         accuracy=accuracy[i])
 
 
 def eval_config(config, compared: bool, heads: dict[str, str] | None = None):

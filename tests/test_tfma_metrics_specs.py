@@ -396,3 +396,60 @@ def test_the_precision_recall_auc_is_tfma_s(taxi_like):
         theirs = tfma_auc._metric_value(curve=curve, summation_method="interpolation", key=None, matrices=matrices)
         assert ours == pytest.approx(theirs, abs=1e-12), curve
     assert pr_auc(negatives, np.zeros_like(positives)) is None
+
+
+def test_tfma_s_plots_are_accepted_and_the_confusion_matrix_plot_is_tfma_s(taxi_like, tmp_path):
+    """TFMA's binary classification config names ConfusionMatrixPlot and CalibrationPlot: accepted
+    (a threshold on a plot refused). The ConfusionMatrixPlot written per slice is what TFMA's own
+    Matrices.to_proto makes of the counts at TFMA's 1,002 thresholds, the counts those of the model's
+    probabilities (p > threshold), in one unnamed plot with the calibration histogram as TFMA's writer
+    combines them, which tfma.load_eval_result shows; unnamed, it is not written."""
+    import tensorflow_model_analysis as tfma
+    from tensorflow_model_analysis.metrics.binary_confusion_matrices import Matrices
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    from components.evaluator import write_slices
+    from trainer.slicing import PLOT_THRESHOLDS, TFMA_FOLDER
+
+    model = one_column_model(taxi_like["root"] / "plots", 2.0, -0.5, False)
+    y, p = taxi_like["y"], (1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))).astype(np.float32)
+    named = ["ExampleCount", "BinaryAccuracy", "ConfusionMatrixPlot", "CalibrationPlot", "MultiClassConfusionMatrixPlot"]
+    plots, shown = {}, {}
+    for case, names in (("named", named), ("unnamed", named[:2])):
+        (tmp_path / case).mkdir()
+        keys = {"metrics_specs": [{"metrics": [{"class_name": name} for name in names]}]}
+        decision = evaluate(taxi_like, model, **keys)
+        assert decision.blessed, decision.summary()
+        write_slices(str(tmp_path / case), decision, EvaluatorConfig(label_key=LABEL, **keys), [LABEL], model,
+                     taxi_like["eval"])
+        folder = tmp_path / case / TFMA_FOLDER
+        [record] = tf.data.TFRecordDataset(str(folder / "plots-00000-of-00001.tfrecord")).as_numpy_iterator()
+        plots[case] = {kv.key.name: kv.value for kv in metrics_for_slice_pb2.PlotsForSlice.FromString(record)
+                       .plot_keys_and_values}
+        shown[case] = dict(tfma.load_eval_result(str(folder)).plots)[()][LABEL][""]
+    assert set(plots["named"]) == set(plots["unnamed"]) == {"multi_class_confusion_matrix_plot", ""}
+    assert not plots["unnamed"][""].HasField("confusion_matrix_at_thresholds")
+    assert set(shown["named"]) == {"confusionMatrixAtThresholds", "calibrationHistogramBuckets"}
+    assert set(shown["unnamed"]) == {"calibrationHistogramBuckets"}
+
+    thresholds = PLOT_THRESHOLDS.tolist()
+    assert len(thresholds) == 1002 and thresholds[:3] == [-1e-6, 0.0, 0.001] and thresholds[-1] == 1.0
+    above = p[None, :] > np.asarray(thresholds, np.float32)[:, None]
+    tp, fp = (above & (y == 1)).sum(1).astype(float), (above & (y == 0)).sum(1).astype(float)
+    fn, tn = (y == 1).sum() - tp, (y == 0).sum() - fp
+    theirs = Matrices(thresholds=thresholds, tp=tp.tolist(), tn=tn.tolist(), fp=fp.tolist(), fn=fn.tolist()).to_proto()
+    ours = plots["named"][""].confusion_matrix_at_thresholds.matrices
+    assert len(ours) == 1002 and 0 < tp[500] < tp[1]
+    for mine, tfma_s in zip(ours, theirs.confusion_matrix_at_thresholds.matrices):
+        for field in ("threshold", "true_positives", "false_positives", "true_negatives", "false_negatives",
+                      "precision", "recall", "f1", "accuracy", "false_positive_rate"):
+            assert getattr(mine, field) == pytest.approx(getattr(tfma_s, field), abs=1e-9), (tfma_s.threshold, field)
+        assert (np.isnan(mine.false_omission_rate) and np.isnan(tfma_s.false_omission_rate)) or \
+            mine.false_omission_rate == pytest.approx(tfma_s.false_omission_rate, abs=1e-9)
+
+    with pytest.raises(ValidationError, match="a plot has no value to gate"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "ConfusionMatrixPlot", "threshold": {
+            "value_threshold": {"lower_bound": 0.5}}}]}])
+    with pytest.raises(ValidationError, match="confusion_matrix_plot is not a metric of the spec's metrics"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "ConfusionMatrixPlot"}], "thresholds": {
+            "confusion_matrix_plot": {"value_threshold": {"lower_bound": 0.5}}}}])

@@ -134,8 +134,17 @@ TFMA_METRICS = {
     "MeanAbsoluteError": ("mae", "regression"),
     **{class_name: (figure, "regression") for class_name, figure in ERROR_METRICS.items()},
 }
+# TFMA's plots a metrics_spec may name (written to the evaluation's plots, components/tfma_result,
+# by TFMA's plot names); a plot has no value, so no threshold. MultiClassConfusionMatrixPlot (each
+# classifier's matrix at TFMA's default threshold 0.0, the top class) and CalibrationPlot (the
+# Overall slice's, in loopline's bins) are written whether named or not; ConfusionMatrixPlot (a
+# binary head's class 1 at TFMA's 1,002 thresholds, every slice) where a spec names it.
+CONFUSION_MATRIX_PLOT = "ConfusionMatrixPlot"
+TFMA_PLOTS = {CONFUSION_MATRIX_PLOT: "confusion_matrix_plot", "CalibrationPlot": "calibration_plot",
+              "MultiClassConfusionMatrixPlot": "multi_class_confusion_matrix_plot"}
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
-BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS})
+BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS,
+                            CONFUSION_MATRIX_PLOT})
 
 
 def tfma_metric_name(class_name: str) -> str:
@@ -156,17 +165,23 @@ class MetricThreshold(Section):
 class MetricConfig(Section):
     """TFMA's MetricConfig: a metric by its class name, and its threshold."""
 
-    class_name: str = Field(description=f"One of {', '.join(TFMA_METRICS)}.")
+    class_name: str = Field(description=f"One of {', '.join([*TFMA_METRICS, *TFMA_PLOTS])}.")
     threshold: MetricThreshold | None = Field(None, description="Gates the figure on every evaluated slice, as TFMA "
                                               "does: the overall one whatever its examples, the others from "
                                               "min_slice_size examples.")
 
     @model_validator(mode="after")
     def _known(self):
-        if self.class_name not in TFMA_METRICS:
+        if self.class_name not in TFMA_METRICS and self.class_name not in TFMA_PLOTS:
             raise ValueError(f"metric class_name {self.class_name!r} is not computed by loopline's Evaluator; "
-                             f"it computes {', '.join(TFMA_METRICS)}")
+                             f"it computes {', '.join(TFMA_METRICS)} and the plots {', '.join(TFMA_PLOTS)}")
+        if self.is_plot and self.threshold is not None:
+            raise ValueError(f"metric {self.class_name}: a plot has no value to gate; a threshold names a metric")
         return self
+
+    @property
+    def is_plot(self) -> bool:
+        return self.class_name in TFMA_PLOTS
 
     def figure(self, head: str, kind: str) -> str:
         """The metric's name among a head's figures; for a head of another kind a name no figure has
@@ -240,7 +255,7 @@ class MetricsSpec(Section):
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
         allowed = BINARIZED_FIGURES | UNBINARIZED_FIGURES
-        per_class = [m.class_name for m in self.metrics if TFMA_METRICS[m.class_name][0] not in allowed]
+        per_class = [m.class_name for m in self.metrics if m.is_plot or TFMA_METRICS[m.class_name][0] not in allowed]
         if self.binarize is not None and self.binarize.class_ids.values and per_class:
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
                              f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}")
@@ -255,8 +270,8 @@ class MetricsSpec(Section):
         return [class_figure(figure, c) for c in ids]
 
     def by_class(self) -> dict[str, MetricConfig]:
-        """The spec's metrics by TFMA's name for them."""
-        return {tfma_metric_name(m.class_name): m for m in self.metrics}
+        """The spec's metrics (not its plots: nothing gates a plot) by TFMA's name for them."""
+        return {tfma_metric_name(m.class_name): m for m in self.metrics if not m.is_plot}
 
 
 class EvaluatorConfig(Section):
@@ -364,9 +379,13 @@ class EvaluatorConfig(Section):
         """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
         figures, the means, the regression errors and the precision-recall AUC where metrics_specs
         name them."""
-        named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics}
+        named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics if not m.is_plot}
         optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), *ERROR_METRICS.values(), PR_AUC}
         return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
+
+    def names_plot(self, class_name: str) -> bool:
+        """Whether a metrics_spec names this plot (TFMA_PLOTS)."""
+        return any(m.class_name == class_name for spec in self.metrics_specs for m in spec.metrics)
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:
         """The class ids each head's figures are wanted for one against the rest (metrics_specs' binarize)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.evaluator_config import EvaluatorConfig
+from trainer.evaluator_config import CONFUSION_MATRIX_PLOT, EvaluatorConfig
 from trainer.heads import higher_is_better
 from trainer.slicing import SliceTotals, slice_name, spec_matches
 
@@ -18,14 +18,14 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
     examples and both models' metrics, the candidate's confusion matrices, the calibration bins.
     `kinds`: how each slicing feature is stored (Slicer.kinds), for TFMA's typed slice keys."""
     slices, class_ids = [], config.binarized_classes([head.name for head in candidate.heads])
-    figures = config.slice_figures()
+    figures, curves = config.slice_figures(), config.names_plot(CONFUSION_MATRIX_PLOT)
     for key in candidate.sums:  # insertion order: Overall is in every batch's first segment
         examples = candidate.examples(key)
         slices.append({"slice": slice_name(key), "features": dict(key), "examples": examples,
                        "candidate": candidate.metrics(key, class_ids, figures),
                        "champion": champion.metrics(key, class_ids, figures) if champion is not None and key in champion.sums else None,
                        "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
-                       "_key": key})
+                       "_key": key, **({"_plot_counts": candidate.plot_counts(key)} if curves else {})})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
             "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {}),
@@ -124,4 +124,4 @@ def _within(measure: float, limit: float, direction: str) -> bool:
 def public(report: dict) -> dict:
     """The report as written (slices.json): without what is kept for matching and TFMA's slice keys."""
     return {**{k: v for k, v in report.items() if not k.startswith("_")},
-            "slices": [{k: v for k, v in s.items() if k != "_key"} for s in report["slices"]]}
+            "slices": [{k: v for k, v in s.items() if not k.startswith("_")} for s in report["slices"]]}

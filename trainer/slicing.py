@@ -271,10 +271,27 @@ def auc_histograms(heads: list[Head], targets: dict[str, tf.Tensor], outputs: di
 def threshold_counts(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, ...]:
     """(tp, fp, fn, tn) at the thresholds Keras' and TFMA's AUC use, from auc_histograms' buckets:
     -eps, 1 / n .. (n - 1) / n, 1 + eps (n = AUC_BUCKETS), a row counted positive above each."""
+    return _counts_above(negatives, positives, first=2)
+
+
+# TFMA's ConfusionMatrixPlot thresholds: -1e-6, then 0, 1 / n, ..., 1 (n = AUC_BUCKETS, TFMA's
+# default 1,000), a row counted positive above each.
+PLOT_THRESHOLDS = np.concatenate([[-1e-6], np.arange(AUC_BUCKETS + 1) / AUC_BUCKETS])
+
+
+def plot_counts(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(tp, fp, fn, tn) at PLOT_THRESHOLDS, from auc_histograms' buckets (above i / n: the buckets
+    above i)."""
+    return _counts_above(negatives, positives, first=1)
+
+
+def _counts_above(negatives: np.ndarray, positives: np.ndarray, first: int) -> tuple[np.ndarray, ...]:
+    """(tp, fp, fn, tn): every row above the first threshold, the rows in bucket j or above at the
+    middle ones (j from `first` to AUC_BUCKETS), none above the last."""
 
     def above(counts: np.ndarray) -> np.ndarray:
         at_or_above = np.cumsum(counts[::-1])[::-1]  # rows in bucket >= j
-        return np.concatenate([[counts.sum()], at_or_above[2:AUC_BUCKETS + 1], [0.0]])
+        return np.concatenate([[counts.sum()], at_or_above[first:AUC_BUCKETS + 1], [0.0]])
 
     tp, fp = above(positives), above(negatives)
     return tp, fp, positives.sum() - tp, negatives.sum() - fp
@@ -500,6 +517,16 @@ class SliceTotals:
                 k = len(head.vocabulary)
                 out[head.name] = {"classes": list(head.vocabulary),
                                   "matrix": np.rint(np.reshape(cells, (k, k))).astype(int).tolist()}
+        return out
+
+    def plot_counts(self, key: SliceKey) -> dict[str, tuple[np.ndarray, ...]]:
+        """Each binary head's class 1 (tp, fp, fn, tn) at PLOT_THRESHOLDS in the slice (TFMA's
+        ConfusionMatrixPlot)."""
+        out = {}
+        for head in self.heads:
+            histogram = self.sums[key].get(f"{head.name}/auc_histogram")
+            if histogram is not None and len(histogram) == 2:
+                out[head.name] = plot_counts(histogram[1, :, 0], histogram[1, :, 1])
         return out
 
     def calibration_bins(self) -> dict[str, list[dict]]:
