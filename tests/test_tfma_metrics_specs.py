@@ -453,3 +453,16 @@ def test_tfma_s_plots_are_accepted_and_the_confusion_matrix_plot_is_tfma_s(taxi_
     with pytest.raises(ValidationError, match="confusion_matrix_plot is not a metric of the spec's metrics"):
         EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "ConfusionMatrixPlot"}], "thresholds": {
             "confusion_matrix_plot": {"value_threshold": {"lower_bound": 0.5}}}}])
+
+
+def test_weighted_example_count_is_the_example_count_without_example_weights(taxi_like):
+    """Example weights are not taken (every row weighs 1), so TFMA's WeightedExampleCount is the
+    example count: a threshold on it gates `<head>_examples`."""
+    model = one_column_model(taxi_like["root"] / "weighted", 2.0, -0.5, False)
+    rows = len(taxi_like["y"])
+    for bound, blessed in ((rows, True), (rows + 1, False)):
+        spec = {"metrics": [{"class_name": "BinaryAccuracy"}, {"class_name": "WeightedExampleCount"}],
+                "thresholds": {"weighted_example_count": {"value_threshold": {"lower_bound": bound}}}}
+        decision = evaluate(taxi_like, model, metrics_specs=[spec])
+        assert decision.blessed is blessed, decision.summary()
+    assert [reason for reason in decision.failed if f"{LABEL}_examples {rows}" in reason], decision.failed

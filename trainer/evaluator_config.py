@@ -121,7 +121,8 @@ PR_AUC = "auc_precision_recall"
 # TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
 # with the head kind it exists for (None: any). A class name outside this table is refused.
 TFMA_METRICS = {
-    "ExampleCount": ("examples", None),
+    # Example weights are not taken (every row weighs 1), so the weighted count is the count.
+    "ExampleCount": ("examples", None), "WeightedExampleCount": ("examples", None),
     "BinaryAccuracy": ("accuracy", "classification"), "Accuracy": ("accuracy", "classification"),
     "CategoricalAccuracy": ("accuracy", "classification"), "SparseCategoricalAccuracy": ("accuracy", "classification"),
     "AUC": ("auc", "classification"),
