@@ -324,7 +324,7 @@ def test_confusion_figures_are_tfma_s_on_the_same_counts():
 def test_confusion_metrics_named_in_a_spec_are_computed_and_gated(taxi_like):
     """Specificity and Matthews' correlation of a one-column model, per slice, as scikit-learn's;
     a FallOut threshold refuses; a confusion metric no spec names is not in the slices."""
-    from trainer.heads import higher_is_better
+    from trainer.metric_direction import higher_is_better
 
     model = one_column_model(taxi_like["root"] / "confusion", 2.0, -0.5, False)
     y, predicted = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5))) > 0.5

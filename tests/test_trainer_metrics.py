@@ -16,7 +16,7 @@ from tests.trainer_modules import Recorder
 from trainer.config import TrainerConfig
 from trainer.blessing import decide
 from trainer.evaluator_config import EvaluatorConfig
-from trainer.heads import higher_is_better
+from trainer.metric_direction import higher_is_better
 from trainer.inputs import make_dataset
 from trainer.loop import EarlyStopping, train
 from trainer.selection import BestMetric

@@ -9,7 +9,8 @@ import tensorflow as tf
 from trainer.actions import EarlyStopping, steps_to_next_event
 from trainer.selection import BestMetric
 from trainer.evaluation import prediction_key
-from trainer.heads import CLASSIFICATION, REGRESSION, Head, higher_is_better
+from trainer.heads import CLASSIFICATION, REGRESSION, Head
+from trainer.metric_direction import higher_is_better
 from trainer.steps import head_losses
 
 

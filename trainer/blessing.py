@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from trainer.evaluation import (Describe, OpenSignature, eager_signature, evaluate_with_champion, example_batches,
                                 label_kinds, read_description)
 from trainer.evaluator_config import EvaluatorConfig
-from trainer.heads import Head, higher_is_better
+from trainer.heads import Head
+from trainer.metric_direction import higher_is_better
 from trainer.model_spec import preprocessed_labels
 from trainer.slice_gates import gate, public, slice_report
 from trainer.slicing import Slicer

@@ -5,6 +5,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.metric_direction import HIGHER_IS_BETTER_TEXT
+
 AUTO_STEPS_PER_LOOP = 32  # what steps_per_loop "auto" runs per call (or the epoch, if shorter)
 
 
@@ -150,8 +152,8 @@ class TrainerConfig(Section):
     )
     early_stopping_metric: str | None = Field(
         "auto", description="The validation metric that picks the weights to export (restore_best) and that early "
-        "stopping watches, e.g. species_loss or species_accuracy (higher is better for a name with a word accuracy, "
-        "auc, precision, recall, f1, specificity, predictive, threat, correlation or true, lower for others). "
+        "stopping watches, e.g. species_loss or species_accuracy (higher is better for a name with a word "
+        f"{HIGHER_IS_BETTER_TEXT}, lower for others). "
         "auto: <data.label>_loss (none for a model without heads); null: neither.",
     )
     early_stopping_patience: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(

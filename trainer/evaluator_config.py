@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from trainer.config import Section
+from trainer.metric_direction import HIGHER_IS_BETTER_TEXT
 
 
 class Bound(Section):
@@ -291,8 +292,8 @@ class EvaluatorConfig(Section):
     )
     regression_metrics: list[str] = Field(
         default_factory=lambda: ["loss"], description="Metrics compared with the champion. Direction by one rule, the "
-        "one early stopping uses: a name with a word accuracy, auc, precision, recall, f1, specificity, predictive, "
-        "threat, correlation or true is higher-is-better, others lower. weighted_loss (heads weighted as training "
+        f"one early stopping uses: a name with a word {HIGHER_IS_BETTER_TEXT} is higher-is-better, others lower. "
+        "weighted_loss (heads weighted as training "
         "ended) is there for a module with loss_weights.")
     relative_tolerance: float = Field(0.05, ge=0, description="Allowed worsening as a fraction of the champion's value...")
     absolute_tolerance: float = Field(0.01, ge=0, description="...or in the metric's units, whichever is larger.")

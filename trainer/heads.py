@@ -3,13 +3,13 @@ how it is evaluated."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
 import keras
 import numpy as np
 import tensorflow as tf
+
 
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
@@ -109,20 +109,6 @@ class Head:
             loss = tf.square((tf.reshape(prediction, [-1]) - safe) / self.std)
         maskf = tf.cast(mask, tf.float32)
         return loss * maskf, maskf
-
-
-HIGHER_IS_BETTER_WORDS = frozenset({"accuracy", "auc", "precision", "recall", "f1", "specificity", "predictive",
-                                    "threat", "correlation", "true"})
-
-
-def higher_is_better(metric: str) -> bool:
-    """The one direction rule for metric names (the ones made here, `<head>_accuracy`, and users'):
-    higher is better when a word of the name (split at `_ / - .`) is accuracy, auc, precision,
-    recall, f1, specificity, predictive, threat, correlation or true (TFMA's confusion-matrix metrics
-    that rise as a model improves); lower otherwise (loss, rmse, mae, weighted_loss, fall_out,
-    false_positives...). Early stopping, the Evaluator's champion comparison and the blessing gate
-    all read it."""
-    return any(word in HIGHER_IS_BETTER_WORDS for word in re.split(r"[_/\-.]", metric.lower()))
 
 
 RowLosses = dict[str, tuple[tf.Tensor, tf.Tensor]]  # head name: (loss per row, mask), Head.per_example_loss

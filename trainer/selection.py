@@ -1,5 +1,5 @@
 """Which weights are exported: the evaluation with the best value of one validation metric (its
-direction from `heads.higher_is_better`), like Orbit's `NewBestMetric`.
+direction from `metric_direction.higher_is_better`), like Orbit's `NewBestMetric`.
 
 The best value, its step, the evaluations since it and a copy of the weights it was measured on
 (the export model's: the EMA weights when ema_decay is set) are variables of the checkpoint, so
@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from serving.signature_names import signature_name
-from trainer.heads import higher_is_better
+from trainer.metric_direction import higher_is_better
 
 log = logging.getLogger("loopline.trainer")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from trainer.evaluator_config import CONFUSION_MATRIX_PLOT, EvaluatorConfig
-from trainer.heads import higher_is_better
+from trainer.metric_direction import higher_is_better
 from trainer.slicing import SliceTotals, slice_name, spec_matches
 
 

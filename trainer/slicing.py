@@ -442,7 +442,8 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CO
 def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
                   figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """Each class's figures one against the rest, as TFMA's binarize computes them: the class's
-    probability above 0.5 is a positive, the label being the class a positive label. A class id the head does not have, or without a labelled row, has none."""
+    probability above 0.5 is a positive, the label being the class a positive label. A class id
+    the head does not have, or without a labelled row, has none."""
     out, confusion = {}, [name for name in figures if name in CONFUSION_FIGURES]
     for c in class_ids:
         if c >= len(histogram):

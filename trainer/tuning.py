@@ -205,7 +205,7 @@ def _trial_tuner_class():
 def make_oracle(tuner: TunerConfig, objective: str):
     import keras_tuner
 
-    from trainer.heads import higher_is_better
+    from trainer.metric_direction import higher_is_better
 
     oracles = {"random": keras_tuner.oracles.RandomSearchOracle,
                "bayesian": keras_tuner.oracles.BayesianOptimizationOracle}
