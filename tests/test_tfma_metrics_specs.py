@@ -466,3 +466,69 @@ def test_weighted_example_count_is_the_example_count_without_example_weights(tax
         decision = evaluate(taxi_like, model, metrics_specs=[spec])
         assert decision.blessed is blessed, decision.summary()
     assert [reason for reason in decision.failed if f"{LABEL}_examples {rows}" in reason], decision.failed
+
+
+def tfma_default_specs(name: str) -> list[dict]:
+    """TFMA's default metrics specs as its protos serialize them (each metric's config as JSON text,
+    Keras' module paths, example_weights), as keys."""
+    import tensorflow_model_analysis as tfma
+    from google.protobuf import json_format
+
+    specs = getattr(tfma.metrics, f"default_{name}_specs")()
+    return [json_format.MessageToDict(spec, preserving_proto_field_name=True) for spec in specs]
+
+
+def test_tfma_s_default_binary_specs_as_serialized_run_and_their_names_key_the_thresholds(taxi_like):
+    """tfma.metrics.default_binary_classification_specs() as TFMA serializes it runs unchanged: the
+    configs' names key the threshold maps (its PR AUC is `auc_precison_recall`, its cross-entropy
+    `loss`), AUC's curve PR is the precision-recall AUC, and settings loopline does not compute are
+    refused by name."""
+    from trainer.slicing import pr_auc, AUC_BUCKETS
+
+    model = one_column_model(taxi_like["root"] / "default_specs", 2.0, -0.5, False)
+    y, p = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    buckets = np.ceil(p * AUC_BUCKETS).astype(int)
+    expected_pr = pr_auc(*(np.bincount(buckets[y == c], minlength=AUC_BUCKETS + 1).astype(float) for c in (0, 1)))
+    specs = tfma_default_specs("binary_classification")
+    assert any("config" in m and "curve" in m["config"] for s in specs for m in s["metrics"])  # as serialized
+    plain = evaluate(taxi_like, model, metrics_specs=specs)
+    assert plain.blessed, plain.summary()
+    overall = plain.slices_json()["slices"][0]["candidate"]
+    assert overall[f"{LABEL}_auc_precision_recall"] == pytest.approx(expected_pr, abs=1e-9)
+    assert overall[f"{LABEL}_accuracy"] == pytest.approx(np.mean((p > 0.5) == y), abs=1e-9)
+    assert overall[f"{LABEL}_mean_label"] == pytest.approx(np.mean(y), abs=1e-9)
+
+    for name, figure, value in (("auc_precison_recall", "auc_precision_recall", expected_pr),
+                                ("loss", "loss", log_loss(y, p))):
+        for margin, blessed in ((-0.01, True), (0.01, False)):
+            gated = [{**spec, "thresholds": {name: {"value_threshold": {"lower_bound": value + margin}}}}
+                     if any(m["config"].find(f'"name": "{name}"') >= 0 for m in spec["metrics"]) else spec
+                     for spec in specs]
+            decision = evaluate(taxi_like, model, metrics_specs=gated)
+            assert decision.blessed is blessed, (name, decision.summary())
+        assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_{figure}")], decision.failed
+
+    with pytest.raises(ValidationError, match="config num_thresholds=200 is not computed.*num_thresholds=null or 10000"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "config": '{"num_thresholds": 200}'}]}])
+    with pytest.raises(ValidationError, match="config threshold=0.7 is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "BinaryAccuracy", "config": {"threshold": 0.7}}]}])
+    with pytest.raises(ValidationError, match="module 'my_metrics' is a custom metric"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "module": "my_metrics"}]}])
+    with pytest.raises(ValidationError, match="config is not JSON"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "config": '{"curve": "PR"'}]}])
+
+
+def test_tfma_s_default_regression_specs_as_serialized_run(taxi_like):
+    """default_regression_specs(): its MeanSquaredError is named `mse`, which keys its threshold."""
+    model = one_column_model(taxi_like["root"] / "default_regression", 0.3, 0.2, False)
+    p, y = 1 / (1 + np.exp(-(0.3 * taxi_like["x"] + 0.2))), taxi_like["y"]
+    mse = mean_squared_error(y, p)
+    specs = tfma_default_specs("regression")
+    for margin, blessed in ((0.01, True), (-0.01, False)):
+        gated = [{**spec, "thresholds": {"mse": {"value_threshold": {"upper_bound": mse + margin}}}}
+                 if any('"name": "mse"' in m["config"] for m in spec["metrics"]) else spec for spec in specs]
+        decision = evaluate(taxi_like, model, metrics_specs=gated, trivial_confidence=0, trivial_margin=0)
+        overall = decision.slices_json()["slices"][0]["candidate"]
+        assert overall[f"{LABEL}_mse"] == pytest.approx(mse, rel=1e-5)
+        assert not [f for f in decision.failed if f"{LABEL}_mse" in f] if blessed else \
+            [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_mse")], decision.failed

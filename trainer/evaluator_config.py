@@ -1,6 +1,7 @@
 """The `evaluator:` section of loopline.yaml: when a candidate model is blessed (trainer.blessing)."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal
 
@@ -149,6 +150,33 @@ BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCP
                             CONFUSION_MATRIX_PLOT})
 
 
+# MetricConfig.module: TFMA's own metrics (empty) and Keras' (tfma.metrics.specs_from_metrics writes
+# tf_keras' module path for a Keras metric) are computed as loopline's figures; any other module is
+# a custom metric, refused.
+METRIC_MODULES = ("tensorflow_model_analysis", "tf_keras", "keras", "tensorflow.keras", "tensorflow.python.keras")
+# MetricConfig.config, the metric's settings as specs_from_metrics serializes them (its get_config()):
+# `name` (any text) names the metric; every other setting must hold one of the values loopline
+# computes (its TFMA or Keras default, or what loopline does anyway), else the config is refused by
+# name. By class name, after the settings every class may carry.
+_PROBABILISTIC = {"from_logits": (False, True),  # loopline reads scores as probabilities or logits itself
+                  "label_smoothing": (0,), "axis": (-1,), "ignore_class": (None,)}
+_AT_HALF = {"thresholds": (None, 0.5, [0.5]), "top_k": (None,), "class_id": (None,)}
+METRIC_SETTINGS = {
+    "AUC": {"curve": ("ROC", "PR"), "num_thresholds": (None, 10000), "summation_method": ("interpolation",),
+            "thresholds": (None,), "top_k": (None,), "class_id": (None,)},
+    "AUCPrecisionRecall": {"num_thresholds": (None, 10000), "summation_method": ("interpolation",),
+                           "thresholds": (None,), "top_k": (None,), "class_id": (None,)},
+    "BinaryAccuracy": {"threshold": (None, 0.5), "top_k": (None,), "class_id": (None,)},
+    **{class_name: _PROBABILISTIC for class_name in
+       ("BinaryCrossentropy", "CategoricalCrossentropy", "SparseCategoricalCrossentropy")},
+    **{class_name: _AT_HALF for class_name in CONFUSION_METRICS},
+    "ConfusionMatrixPlot": {"num_thresholds": (None, 1000)},
+    "CalibrationPlot": {"num_buckets": (1000,), "left": (None,), "right": (None,)},
+    "MultiClassConfusionMatrixPlot": {"num_thresholds": (None,), "thresholds": (None,)},
+}
+ANY_METRIC_SETTINGS = {"dtype": (None, "float32")}
+
+
 def tfma_metric_name(class_name: str) -> str:
     """The name TFMA gives a metric of this class (Keras' default: BinaryAccuracy -> binary_accuracy,
     AUC -> auc, F1Score -> f1_score, AUCPrecisionRecall -> auc_precision_recall), by which
@@ -168,6 +196,12 @@ class MetricConfig(Section):
     """TFMA's MetricConfig: a metric by its class name, and its threshold."""
 
     class_name: str = Field(description=f"One of {', '.join([*TFMA_METRICS, *TFMA_PLOTS])}.")
+    module: str = Field("", description="TFMA's or Keras' metrics module (as tfma.metrics.specs_from_metrics writes "
+                        "it), or empty; a custom metric's module is refused.")
+    config: str | dict = Field(
+        "", description="The metric's settings, as JSON text (as specs_from_metrics writes them) or a mapping: "
+        "`name` renames the metric (the spec's threshold maps then name it so); AUC's `curve` ROC or PR; any other "
+        "setting only at its TFMA default (e.g. BinaryAccuracy's threshold 0.5), else refused by name.")
     threshold: MetricThreshold | None = Field(None, description="Gates the figure on every evaluated slice, as TFMA "
                                               "does: the overall one whatever its examples, the others from "
                                               "min_slice_size examples.")
@@ -179,7 +213,44 @@ class MetricConfig(Section):
                              f"it computes {', '.join(TFMA_METRICS)} and the plots {', '.join(TFMA_PLOTS)}")
         if self.is_plot and self.threshold is not None:
             raise ValueError(f"metric {self.class_name}: a plot has no value to gate; a threshold names a metric")
+        if self.module and not self.module.startswith(tuple(f"{m}." for m in METRIC_MODULES) + METRIC_MODULES):
+            raise ValueError(f"metric {self.class_name}: module {self.module!r} is a custom metric, which loopline's "
+                             f"Evaluator does not run; it computes TFMA's and Keras' metrics of the names above")
+        allowed = {**ANY_METRIC_SETTINGS, **METRIC_SETTINGS.get(self.class_name, {})}
+        for key, value in self.settings.items():
+            if key != "name" and (key not in allowed or not any(_same(value, a) for a in allowed[key])):
+                values = " or ".join(json.dumps(a) for a in allowed.get(key, ()))
+                raise ValueError(f"metric {self.class_name}: config {key}={json.dumps(value)} is not computed by "
+                                 "loopline's Evaluator; " + (f"it takes {key}={values}" if values else
+                                                             f"{self.class_name} takes no {key}"))
         return self
+
+    @property
+    def settings(self) -> dict:
+        """`config` as a mapping (TFMA writes it as JSON text)."""
+        if isinstance(self.config, dict):
+            return self.config
+        try:
+            settings = json.loads(self.config) if self.config.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"metric {self.class_name}: config is not JSON ({exc}): {self.config!r}") from None
+        if not isinstance(settings, dict):
+            raise ValueError(f"metric {self.class_name}: config must be a JSON object, got {self.config!r}")
+        return settings
+
+    @property
+    def metric_name(self) -> str:
+        """TFMA's name for it: the config's `name`, else the class's default name."""
+        return self.settings.get("name") or tfma_metric_name(self.class_name)
+
+    @property
+    def figure_name(self) -> str:
+        """Which of a head's figures it is (AUC with curve PR is the precision-recall AUC), or which plot."""
+        if self.is_plot:
+            return TFMA_PLOTS[self.class_name]
+        if self.class_name == "AUC" and self.settings.get("curve") == "PR":
+            return PR_AUC
+        return TFMA_METRICS[self.class_name][0]
 
     @property
     def is_plot(self) -> bool:
@@ -188,8 +259,14 @@ class MetricConfig(Section):
     def figure(self, head: str, kind: str) -> str:
         """The metric's name among a head's figures; for a head of another kind a name no figure has
         (its threshold then refuses the candidate, naming it)."""
-        figure, for_kind = TFMA_METRICS[self.class_name]
-        return f"{head}_{figure}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
+        for_kind = TFMA_METRICS[self.class_name][1]
+        return f"{head}_{self.figure_name}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
+
+
+def _same(value, allowed) -> bool:
+    """A config value equals an allowed one (0 == 0.0, but False is not 0)."""
+    numbers = {type(value), type(allowed)} <= {int, float}
+    return value == allowed and (type(value) is type(allowed) or numbers)
 
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
@@ -215,6 +292,14 @@ class BinarizationOptions(Section):
 
     class_ids: ClassIds = Field(default_factory=ClassIds, description="The classes each metric is computed for, "
                                 "one against the rest, at probability 0.5: {values: [0, 2]}.")
+
+
+class ExampleWeightOptions(Section):
+    """TFMA's ExampleWeightOptions. loopline takes no example weights (there is no
+    ModelSpec.example_weight_key), so, as TFMA's without that key, weighted figures are unweighted."""
+
+    weighted: bool = Field(False, description="Weighted figures: every row weighs 1.")
+    unweighted: bool = Field(False, description="Unweighted figures.")
 
 
 class PerSliceMetricThreshold(Section):
@@ -244,6 +329,9 @@ class MetricsSpec(Section):
     per_slice_thresholds: dict[str, PerSliceMetricThresholds] = Field(
         default_factory=dict, description="Thresholds on the slices of their slicing_specs, by TFMA's metric name; "
         "slices of fewer than min_slice_size examples are reported, not gated.")
+    example_weights: ExampleWeightOptions | None = Field(
+        None, description="TFMA's example_weights ({weighted: true} or {unweighted: true}, as TFMA's default specs "
+        "write them): accepted; without example weights both are the same figures.")
     binarize: BinarizationOptions | None = Field(
         None, description="TFMA's binarize: the metrics (accuracy, AUC and the confusion-matrix metrics) of each "
         "class id one against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
@@ -257,7 +345,7 @@ class MetricsSpec(Section):
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
         allowed = BINARIZED_FIGURES | UNBINARIZED_FIGURES
-        per_class = [m.class_name for m in self.metrics if m.is_plot or TFMA_METRICS[m.class_name][0] not in allowed]
+        per_class = [m.class_name for m in self.metrics if m.is_plot or m.figure_name not in allowed]
         if self.binarize is not None and self.binarize.class_ids.values and per_class:
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
                              f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}")
@@ -267,13 +355,13 @@ class MetricsSpec(Section):
         """The figures a metric of this spec is of one head: one, or one per binarized class id."""
         figure = metric.figure(head, kind)
         ids = self.binarize.class_ids.values if self.binarize is not None else []
-        if not ids or TFMA_METRICS[metric.class_name][0] in UNBINARIZED_FIGURES:
+        if not ids or metric.figure_name in UNBINARIZED_FIGURES:
             return [figure]
         return [class_figure(figure, c) for c in ids]
 
     def by_class(self) -> dict[str, MetricConfig]:
         """The spec's metrics (not its plots: nothing gates a plot) by TFMA's name for them."""
-        return {tfma_metric_name(m.class_name): m for m in self.metrics if not m.is_plot}
+        return {m.metric_name: m for m in self.metrics if not m.is_plot}
 
 
 class EvaluatorConfig(Section):
@@ -381,7 +469,7 @@ class EvaluatorConfig(Section):
         """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
         figures, the means, the regression errors and the precision-recall AUC where metrics_specs
         name them."""
-        named = {TFMA_METRICS[m.class_name][0] for spec in self.metrics_specs for m in spec.metrics if not m.is_plot}
+        named = {m.figure_name for spec in self.metrics_specs for m in spec.metrics if not m.is_plot}
         optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), *ERROR_METRICS.values(), PR_AUC}
         return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
 
