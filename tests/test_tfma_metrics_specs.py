@@ -240,6 +240,7 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
     truth = y[400:]
     metrics = [{"class_name": name} for name in ("BinaryAccuracy", "Precision", "Recall", "AUC", "F1Score",
                                                  "AUCPrecisionRecall")]
+    metrics.append({"class_name": "PrecisionAtRecall", "config": '{"recall": 0.5}'})
     strict = {"value_threshold": {"lower_bound": 0.99}}
     decision = evaluate(data, model, metrics_specs=[{"metrics": metrics, "binarize": {"class_ids": {"values": [0, 1]}},
                                                      "thresholds": {"recall": strict}}])
@@ -252,6 +253,9 @@ def test_binarize_computes_each_class_against_the_rest(tmp_path):
         assert overall[f"{LABEL}_f1_score_class_{c}"] == pytest.approx(f1_score(positive, predicted), abs=1e-9)
         assert overall[f"{LABEL}_auc_precision_recall_class_{c}"] == pytest.approx(
             average_precision_score(positive, p[:, c]), abs=0.02)
+        rates = rates_at_auc_thresholds(positive, p[:, c])
+        assert overall[f"{LABEL}_precision_at_recall_class_{c}"] == pytest.approx(
+            np.nanmax(rates["precision"][rates["recall"] >= 0.5]), abs=1e-12)
     assert overall[f"{LABEL}_precision_class_0"] == pytest.approx(precision_score(truth == 0, p[:, 0] > 0.5), abs=1e-9)
     assert f"{LABEL}_recall_class_2" not in overall and f"{LABEL}_precision" not in overall
     # Class 1's probability never passes 0.5 (softmax of [2x, 0, -2x]): recall 0, refused by name;
@@ -277,8 +281,8 @@ def test_a_metric_of_another_head_kind_refuses_naming_it(taxi_like):
 
 
 def test_a_metric_loopline_does_not_compute_is_refused_by_name():
-    with pytest.raises(ValidationError, match="class_name 'PrecisionAtRecall' is not computed"):
-        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "PrecisionAtRecall"}]}])
+    with pytest.raises(ValidationError, match="class_name 'MinLabelPosition' is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "MinLabelPosition"}]}])
     with pytest.raises(ValidationError, match="binarize"):
         EvaluatorConfig(metrics_specs=[{"metrics": [], "binarize": {"top_k_list": [1]}}])
 
@@ -289,10 +293,11 @@ def test_metric_names_are_the_names_tfma_gives_its_metrics():
     import tf_keras
     from tensorflow_model_analysis import metrics as tfma_metrics
 
-    from trainer.evaluator_config import TFMA_METRICS, tfma_metric_name
+    from trainer.evaluator_config import OPERATING_POINT_METRICS, TFMA_METRICS, tfma_metric_name
 
     for class_name in TFMA_METRICS:
-        metric = (getattr(tfma_metrics, class_name, None) or getattr(tf_keras.metrics, class_name))()
+        point = {OPERATING_POINT_METRICS[class_name][0]: 0.5} if class_name in OPERATING_POINT_METRICS else {}
+        metric = (getattr(tfma_metrics, class_name, None) or getattr(tf_keras.metrics, class_name))(**point)
         assert tfma_metric_name(class_name) == metric.name, class_name
     strict = {"value_threshold": {"lower_bound": 0.9}}
     spec = EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "F1Score"}], "thresholds": {"f1_score": strict}}])
@@ -532,3 +537,63 @@ def test_tfma_s_default_regression_specs_as_serialized_run(taxi_like):
         assert overall[f"{LABEL}_mse"] == pytest.approx(mse, rel=1e-5)
         assert not [f for f in decision.failed if f"{LABEL}_mse" in f] if blessed else \
             [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_mse")], decision.failed
+
+
+def rates_at_auc_thresholds(positive: np.ndarray, p: np.ndarray) -> dict[str, np.ndarray]:
+    """Precision, recall and specificity at the AUC's thresholds (-eps, 1/n .. (n-1)/n, 1 + eps),
+    counted row by row: a row is predicted positive when p is above the threshold."""
+    from trainer.slicing import AUC_BUCKETS
+
+    thresholds = np.array([-1e-7, *(np.arange(1, AUC_BUCKETS) / AUC_BUCKETS), 1 + 1e-7])
+    predicted = p[None, :] > thresholds[:, None]
+    tp, fp = (predicted & positive).sum(1), (predicted & ~positive).sum(1)
+    fn, tn = positive.sum() - tp, (~positive).sum() - fp
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {"precision": tp / (tp + fp), "recall": tp / (tp + fn), "specificity": tn / (tn + fp)}
+
+
+def test_tfma_s_operating_point_metrics_are_tfma_s_on_the_same_counts(taxi_like, tmp_path):
+    """PrecisionAtRecall, RecallAtPrecision, SensitivityAtSpecificity and SpecificityAtSensitivity,
+    their point in the config as TFMA serializes it: each is TFMA's own _metric_value on the
+    Evaluator's counts at the AUC's thresholds, and a brute force over those thresholds on the
+    model's probabilities; the config's name names the figure and keys its threshold; per class
+    under binarize."""
+    from tensorflow_model_analysis import metrics as tfma_metrics
+    from tensorflow_model_analysis.metrics.binary_confusion_matrices import Matrices
+
+    from trainer.evaluator_config import OPERATING_POINT_METRICS
+    from trainer.slicing import AUC_BUCKETS, threshold_counts
+
+    model = one_column_model(taxi_like["root"] / "operating_points", 2.0, -0.5, False)
+    y, p = taxi_like["y"], 1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))
+    buckets = np.ceil(p * AUC_BUCKETS).astype(int)
+    counts = threshold_counts(*(np.bincount(buckets[y == c], minlength=AUC_BUCKETS + 1).astype(float) for c in (0, 1)))
+    thresholds = [-1e-7, *(np.arange(1, AUC_BUCKETS) / AUC_BUCKETS), 1 + 1e-7]
+    matrices = Matrices(thresholds=thresholds, **dict(zip(("tp", "fp", "fn", "tn"), map(list, counts))))
+    rates = rates_at_auc_thresholds(y == 1, p)
+
+    at = 0.8
+    metrics = [{"class_name": name, "config": f'{{"name": "{name.lower()}", "{key}": {at}}}'}
+               for name, (key, _, _) in OPERATING_POINT_METRICS.items()]
+    overall = evaluate(taxi_like, model, metrics_specs=[{"metrics": metrics}]).slices_json()["slices"][0]["candidate"]
+    for name, (key, best, given) in OPERATING_POINT_METRICS.items():
+        theirs = getattr(tfma_metrics, name)(**{key: at})._metric_value(**{key: at}, key=None, matrices=matrices)
+        brute = np.nanmax(rates[best][rates[given] >= at])
+        assert overall[f"{LABEL}_{name.lower()}"] == pytest.approx(theirs, abs=1e-12) == pytest.approx(brute, abs=1e-12), name
+    assert 0 < overall[f"{LABEL}_precisionatrecall"] < 1
+
+    value = overall[f"{LABEL}_precisionatrecall"]
+    for margin, blessed in ((-0.01, True), (0.01, False)):
+        spec = {"metrics": metrics, "thresholds": {"precisionatrecall": {"value_threshold": {"lower_bound": value + margin}}}}
+        decision = evaluate(taxi_like, model, metrics_specs=[spec])
+        assert decision.blessed is blessed, decision.summary()
+    assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_precisionatrecall")], decision.failed
+
+    for bad, message in (({"recall": 1.5}, "config needs its recall, one number in \\[0, 1\\]"),
+                         ({"recall": [0.5, 0.8]}, "config needs its recall"), ({}, "got null"),
+                         ({"recall": 0.5, "num_thresholds": 50}, "config num_thresholds=50 is not computed")):
+        with pytest.raises(ValidationError, match=message):
+            EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "PrecisionAtRecall", "config": bad}]}])
+    binarized = EvaluatorConfig(metrics_specs=[{"metrics": [metrics[0]], "binarize": {"class_ids": {"values": [0, 2]}}}])
+    assert [f for s in binarized.metrics_specs for m in s.metrics for f in s.figures(m, "species", "classification")] == [
+        "species_precisionatrecall_class_0", "species_precisionatrecall_class_2"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -120,6 +121,25 @@ ERROR_METRICS = {"MeanAbsolutePercentageError": "mape", "MeanSquaredLogarithmicE
 # head's class 1, or one class against the rest under binarize, where a metrics_spec names it.
 PR_AUC = "auc_precision_recall"
 
+# TFMA's metrics at an operating point, by class name: (the config key holding the point, the rate
+# made as large as it can be, the rate held at least at the point). Sensitivity is recall.
+OPERATING_POINT_METRICS = {"PrecisionAtRecall": ("recall", "precision", "recall"),
+                           "RecallAtPrecision": ("precision", "recall", "precision"),
+                           "SensitivityAtSpecificity": ("specificity", "recall", "specificity"),
+                           "SpecificityAtSensitivity": ("sensitivity", "specificity", "recall")}
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One such metric of a spec: the figure `<head>_<name>` is the largest `best` rate over the
+    thresholds whose `given` rate is at least `at` (trainer.slicing.operating_point)."""
+
+    name: str
+    best: str
+    given: str
+    at: float
+
+
 # TFMA's metrics (MetricConfig.class_name) and the figure each is of a head, `<head>_<figure>`,
 # with the head kind it exists for (None: any). A class name outside this table is refused.
 TFMA_METRICS = {
@@ -136,6 +156,11 @@ TFMA_METRICS = {
     "RootMeanSquaredError": ("rmse", "regression"), "MeanSquaredError": ("mse", "regression"),
     "MeanAbsoluteError": ("mae", "regression"),
     **{class_name: (figure, "regression") for class_name, figure in ERROR_METRICS.items()},
+    # Named by the metric's name (precision_at_recall unless its config names it otherwise).
+    **{class_name: (tfma_name, "classification") for class_name, tfma_name in (
+        ("PrecisionAtRecall", "precision_at_recall"), ("RecallAtPrecision", "recall_at_precision"),
+        ("SensitivityAtSpecificity", "sensitivity_at_specificity"),
+        ("SpecificityAtSensitivity", "specificity_at_sensitivity"))},
 }
 # TFMA's plots a metrics_spec may name (written to the evaluation's plots, components/tfma_result,
 # by TFMA's plot names); a plot has no value, so no threshold. MultiClassConfusionMatrixPlot (each
@@ -147,7 +172,7 @@ TFMA_PLOTS = {CONFUSION_MATRIX_PLOT: "confusion_matrix_plot", "CalibrationPlot":
               "MultiClassConfusionMatrixPlot": "multi_class_confusion_matrix_plot"}
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
 BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS,
-                            CONFUSION_MATRIX_PLOT})
+                            *OPERATING_POINT_METRICS, CONFUSION_MATRIX_PLOT})
 
 
 # MetricConfig.module: TFMA's own metrics (empty) and Keras' (tfma.metrics.specs_from_metrics writes
@@ -173,6 +198,9 @@ METRIC_SETTINGS = {
     "ConfusionMatrixPlot": {"num_thresholds": (None, 1000)},
     "CalibrationPlot": {"num_buckets": (1000,), "left": (None,), "right": (None,)},
     "MultiClassConfusionMatrixPlot": {"num_thresholds": (None,), "thresholds": (None,)},
+    # ...and the operating point itself (OPERATING_POINT_METRICS), a number in [0, 1].
+    **{class_name: {"num_thresholds": (None, 10000), "thresholds": (None,), "top_k": (None,), "class_id": (None,)}
+       for class_name in OPERATING_POINT_METRICS},
 }
 ANY_METRIC_SETTINGS = {"dtype": (None, "float32")}
 
@@ -216,9 +244,14 @@ class MetricConfig(Section):
         if self.module and not self.module.startswith(tuple(f"{m}." for m in METRIC_MODULES) + METRIC_MODULES):
             raise ValueError(f"metric {self.class_name}: module {self.module!r} is a custom metric, which loopline's "
                              f"Evaluator does not run; it computes TFMA's and Keras' metrics of the names above")
+        point = OPERATING_POINT_METRICS[self.class_name][0] if self.class_name in OPERATING_POINT_METRICS else None
+        at = self.settings.get(point)
+        if point and (isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at <= 1):
+            raise ValueError(f"metric {self.class_name}: config needs its {point}, one number in [0, 1] (another "
+                             f"{point} is another metric, with its own name), got {json.dumps(at)}")
         allowed = {**ANY_METRIC_SETTINGS, **METRIC_SETTINGS.get(self.class_name, {})}
         for key, value in self.settings.items():
-            if key != "name" and (key not in allowed or not any(_same(value, a) for a in allowed[key])):
+            if key not in ("name", point) and (key not in allowed or not any(_same(value, a) for a in allowed[key])):
                 values = " or ".join(json.dumps(a) for a in allowed.get(key, ()))
                 raise ValueError(f"metric {self.class_name}: config {key}={json.dumps(value)} is not computed by "
                                  "loopline's Evaluator; " + (f"it takes {key}={values}" if values else
@@ -250,7 +283,16 @@ class MetricConfig(Section):
             return TFMA_PLOTS[self.class_name]
         if self.class_name == "AUC" and self.settings.get("curve") == "PR":
             return PR_AUC
+        if self.class_name in OPERATING_POINT_METRICS:
+            return self.metric_name
         return TFMA_METRICS[self.class_name][0]
+
+    @property
+    def operating_point(self) -> OperatingPoint | None:
+        if self.class_name not in OPERATING_POINT_METRICS:
+            return None
+        point, best, given = OPERATING_POINT_METRICS[self.class_name]
+        return OperatingPoint(self.metric_name, best, given, float(self.settings[point]))
 
     @property
     def is_plot(self) -> bool:
@@ -345,10 +387,12 @@ class MetricsSpec(Section):
                 raise ValueError(f"metrics_specs {field}: {', '.join(unknown)} is not a metric of the spec's metrics; "
                                  f"they are named {', '.join(names) or 'nothing (metrics is empty)'}")
         allowed = BINARIZED_FIGURES | UNBINARIZED_FIGURES
-        per_class = [m.class_name for m in self.metrics if m.is_plot or m.figure_name not in allowed]
+        per_class = [m.class_name for m in self.metrics
+                     if m.is_plot or (m.figure_name not in allowed and m.operating_point is None)]
         if self.binarize is not None and self.binarize.class_ids.values and per_class:
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
-                             f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}")
+                             f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}, "
+                             f"{', '.join(OPERATING_POINT_METRICS)}")
         return self
 
     def figures(self, metric: MetricConfig, head: str, kind: str | None) -> list[str]:
@@ -465,13 +509,15 @@ class EvaluatorConfig(Section):
                         for metric, slices, t in wanted for figure in spec.figures(metric, head, heads.get(head))]
         return out
 
-    def slice_figures(self) -> list[str]:
+    def slice_figures(self) -> list[str | OperatingPoint]:
         """The optional figures the slices carry: ALWAYS_CONFUSION_FIGURES, and the other confusion
-        figures, the means, the regression errors and the precision-recall AUC where metrics_specs
-        name them."""
-        named = {m.figure_name for spec in self.metrics_specs for m in spec.metrics if not m.is_plot}
+        figures, the means, the regression errors, the precision-recall AUC and the operating points
+        where metrics_specs name them."""
+        metrics = [m for spec in self.metrics_specs for m in spec.metrics if not m.is_plot]
+        named = {m.figure_name for m in metrics}
         optional = {*CONFUSION_METRICS.values(), *MEAN_METRICS.values(), *ERROR_METRICS.values(), PR_AUC}
-        return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES))]
+        points = {m.operating_point.name: m.operating_point for m in metrics if m.operating_point is not None}
+        return [*ALWAYS_CONFUSION_FIGURES, *sorted(named & optional - set(ALWAYS_CONFUSION_FIGURES)), *points.values()]
 
     def names_plot(self, class_name: str) -> bool:
         """Whether a metrics_spec names this plot (TFMA_PLOTS)."""

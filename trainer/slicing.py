@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, PR_AUC, class_figure
+from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, PR_AUC, OperatingPoint, class_figure
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
@@ -322,6 +322,23 @@ def pr_auc(negatives: np.ndarray, positives: np.ndarray) -> float | None:
         return float(np.nansum(slope * (dtp + intercept * np.log(ratio)) / np.maximum(tp[1:] + fn[1:], 0)))
 
 
+def operating_point(negatives: np.ndarray, positives: np.ndarray, point: OperatingPoint) -> float | None:
+    """TFMA's PrecisionAtRecall family at threshold_counts: the largest `point.best` rate among the
+    thresholds whose `point.given` rate is at least `point.at` (TFMA's _find_max_under_constraint:
+    0 where no threshold reaches it; None where every such rate is undefined, TFMA's NaN)."""
+    tp, fp, fn, tn = threshold_counts(negatives, positives)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rates = {"precision": tp / (tp + fp), "recall": tp / (tp + fn), "specificity": tn / (tn + fp)}
+    best = rates[point.best][rates[point.given] >= point.at]
+    if best.size == 0:
+        return 0.0
+    return None if np.isnan(best).all() else float(np.nanmax(best))
+
+
+def _points(figures) -> list[OperatingPoint]:
+    return [figure for figure in figures if isinstance(figure, OperatingPoint)]
+
+
 def segment_sums(values: dict[str, tf.Tensor], index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Each value summed per slice (`[slices, ...]`) over BatchSlices.tensors()' memberships."""
     count = tf.reduce_max(index["segments"]) + 1
@@ -429,9 +446,14 @@ def classifier_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CO
         auc = head_auc(histogram)
         if auc is not None:
             out[f"{head}_auc"] = auc
-        area = pr_auc(histogram[1, :, 0], histogram[1, :, 1]) if PR_AUC in figures and len(histogram) == 2 else None
+        binary = len(histogram) == 2
+        area = pr_auc(histogram[1, :, 0], histogram[1, :, 1]) if PR_AUC in figures and binary else None
         if area is not None:
             out[f"{head}_{PR_AUC}"] = area
+        for point in _points(figures) if binary else []:
+            value = operating_point(histogram[1, :, 0], histogram[1, :, 1], point)
+            if value is not None:
+                out[f"{head}_{point.name}"] = value
     cells = sums.get(f"{head}/confusion")
     if cells is not None and np.size(cells) == 4:
         tn, fp, fn, tp = np.asarray(cells, np.float64).tolist()
@@ -457,6 +479,7 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
                   **confusion_figures(tp, fp, fn, tn, confusion)}
         if PR_AUC in figures:
             values[PR_AUC] = pr_auc(negatives, positives)
+        values.update({point.name: operating_point(negatives, positives, point) for point in _points(figures)})
         out.update({class_figure(f"{head}_{name}", c): float(v) for name, v in values.items() if v is not None})
     return out
 
