@@ -513,8 +513,10 @@ def test_tfma_s_default_binary_specs_as_serialized_run_and_their_names_key_the_t
             assert decision.blessed is blessed, (name, decision.summary())
         assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_{figure}")], decision.failed
 
-    with pytest.raises(ValidationError, match="config num_thresholds=200 is not computed.*num_thresholds=null or 10000"):
-        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "config": '{"num_thresholds": 200}'}]}])
+    with pytest.raises(ValidationError, match="config num_thresholds=1 is not computed.*an integer above 1 or null"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "config": '{"num_thresholds": 1}'}]}])
+    with pytest.raises(ValidationError, match="config summation_method=\"minoring\" is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC", "config": {"summation_method": "minoring"}}]}])
     with pytest.raises(ValidationError, match="config threshold=0.7 is not computed"):
         EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "BinaryAccuracy", "config": {"threshold": 0.7}}]}])
     with pytest.raises(ValidationError, match="module 'my_metrics' is a custom metric"):
@@ -591,9 +593,34 @@ def test_tfma_s_operating_point_metrics_are_tfma_s_on_the_same_counts(taxi_like,
 
     for bad, message in (({"recall": 1.5}, "config needs its recall, one number in \\[0, 1\\]"),
                          ({"recall": [0.5, 0.8]}, "config needs its recall"), ({}, "got null"),
-                         ({"recall": 0.5, "num_thresholds": 50}, "config num_thresholds=50 is not computed")):
+                         ({"recall": 0.5, "class_id": 1}, "config class_id=1 is not computed")):
         with pytest.raises(ValidationError, match=message):
             EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "PrecisionAtRecall", "config": bad}]}])
     binarized = EvaluatorConfig(metrics_specs=[{"metrics": [metrics[0]], "binarize": {"class_ids": {"values": [0, 2]}}}])
     assert [f for s in binarized.metrics_specs for m in s.metrics for f in s.figures(m, "species", "classification")] == [
         "species_precisionatrecall_class_0", "species_precisionatrecall_class_2"]
+
+
+def test_keras_metrics_through_tfma_s_specs_from_metrics_run(taxi_like):
+    """tfma.metrics.specs_from_metrics over tf.keras metrics, as TFX's examples build their specs:
+    TFMA writes Keras' AUC with its 200 thresholds, which loopline computes over its own 1,001 (the
+    same figure as an AUC named without config), and the metrics' names key their thresholds."""
+    import json
+
+    import tensorflow_model_analysis as tfma
+    import tf_keras
+    from google.protobuf import json_format
+
+    model = one_column_model(taxi_like["root"] / "keras_metrics", 2.0, -0.5, False)
+    specs = tfma.metrics.specs_from_metrics([tf_keras.metrics.AUC(name="auc_roc"), tf_keras.metrics.Precision(),
+                                             tf_keras.metrics.BinaryAccuracy(name="accuracy")])
+    specs = [json_format.MessageToDict(spec, preserving_proto_field_name=True) for spec in specs]
+    assert [json.loads(m["config"])["num_thresholds"] for s in specs for m in s["metrics"] if m["class_name"] == "AUC"] == [200]
+    plain = evaluate(taxi_like, model, metrics_specs=[{"metrics": [{"class_name": "AUC"}, {"class_name": "BinaryAccuracy"}]}])
+    auc = plain.slices_json()["slices"][0]["candidate"][f"{LABEL}_auc"]
+    specs[-1]["thresholds"] = {"auc_roc": {"value_threshold": {"lower_bound": auc + 1e-6}}}
+    decision = evaluate(taxi_like, model, metrics_specs=specs)
+    assert decision.slices_json()["slices"][0]["candidate"][f"{LABEL}_auc"] == auc
+    assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_auc")], decision.failed
+    specs[-1]["thresholds"] = {"auc_roc": {"value_threshold": {"lower_bound": auc - 1e-6}}}
+    assert evaluate(taxi_like, model, metrics_specs=specs).blessed

@@ -183,13 +183,17 @@ METRIC_MODULES = ("tensorflow_model_analysis", "tf_keras", "keras", "tensorflow.
 # `name` (any text) names the metric; every other setting must hold one of the values loopline
 # computes (its TFMA or Keras default, or what loopline does anyway), else the config is refused by
 # name. By class name, after the settings every class may carry.
+# A curve's num_thresholds may be any count (Keras' AUC writes 200, TFMA's 10,000): it sets how
+# finely the same area or operating point is approximated, and loopline's are over the AUC's own
+# 1,001 thresholds (trainer.slicing.threshold_counts) whatever it says.
+ANY_COUNT = "any count"
 _PROBABILISTIC = {"from_logits": (False, True),  # loopline reads scores as probabilities or logits itself
                   "label_smoothing": (0,), "axis": (-1,), "ignore_class": (None,)}
 _AT_HALF = {"thresholds": (None, 0.5, [0.5]), "top_k": (None,), "class_id": (None,)}
 METRIC_SETTINGS = {
-    "AUC": {"curve": ("ROC", "PR"), "num_thresholds": (None, 10000), "summation_method": ("interpolation",),
+    "AUC": {"curve": ("ROC", "PR"), "num_thresholds": ANY_COUNT, "summation_method": ("interpolation",),
             "thresholds": (None,), "top_k": (None,), "class_id": (None,)},
-    "AUCPrecisionRecall": {"num_thresholds": (None, 10000), "summation_method": ("interpolation",),
+    "AUCPrecisionRecall": {"num_thresholds": ANY_COUNT, "summation_method": ("interpolation",),
                            "thresholds": (None,), "top_k": (None,), "class_id": (None,)},
     "BinaryAccuracy": {"threshold": (None, 0.5), "top_k": (None,), "class_id": (None,)},
     **{class_name: _PROBABILISTIC for class_name in
@@ -199,7 +203,7 @@ METRIC_SETTINGS = {
     "CalibrationPlot": {"num_buckets": (1000,), "left": (None,), "right": (None,)},
     "MultiClassConfusionMatrixPlot": {"num_thresholds": (None,), "thresholds": (None,)},
     # ...and the operating point itself (OPERATING_POINT_METRICS), a number in [0, 1].
-    **{class_name: {"num_thresholds": (None, 10000), "thresholds": (None,), "top_k": (None,), "class_id": (None,)}
+    **{class_name: {"num_thresholds": ANY_COUNT, "thresholds": (None,), "top_k": (None,), "class_id": (None,)}
        for class_name in OPERATING_POINT_METRICS},
 }
 ANY_METRIC_SETTINGS = {"dtype": (None, "float32")}
@@ -251,8 +255,9 @@ class MetricConfig(Section):
                              f"{point} is another metric, with its own name), got {json.dumps(at)}")
         allowed = {**ANY_METRIC_SETTINGS, **METRIC_SETTINGS.get(self.class_name, {})}
         for key, value in self.settings.items():
-            if key not in ("name", point) and (key not in allowed or not any(_same(value, a) for a in allowed[key])):
-                values = " or ".join(json.dumps(a) for a in allowed.get(key, ()))
+            if key not in ("name", point) and (key not in allowed or not _allowed(value, allowed[key])):
+                values = allowed.get(key, ())
+                values = "an integer above 1 or null" if values == ANY_COUNT else " or ".join(map(json.dumps, values))
                 raise ValueError(f"metric {self.class_name}: config {key}={json.dumps(value)} is not computed by "
                                  "loopline's Evaluator; " + (f"it takes {key}={values}" if values else
                                                              f"{self.class_name} takes no {key}"))
@@ -305,10 +310,11 @@ class MetricConfig(Section):
         return f"{head}_{self.figure_name}" if for_kind in (None, kind) else f"{head}_{self.class_name}"
 
 
-def _same(value, allowed) -> bool:
-    """A config value equals an allowed one (0 == 0.0, but False is not 0)."""
-    numbers = {type(value), type(allowed)} <= {int, float}
-    return value == allowed and (type(value) is type(allowed) or numbers)
+def _allowed(value, allowed) -> bool:
+    """A config value is one of the allowed (0 == 0.0, but False is not 0), or a count where any is."""
+    if allowed == ANY_COUNT:
+        return value is None or (type(value) is int and value > 1)
+    return any(value == a and (type(value) is type(a) or {type(value), type(a)} <= {int, float}) for a in allowed)
 
 
 # Figures computed one class against the rest (MetricsSpec.binarize.class_ids), from the per-class
