@@ -1,8 +1,9 @@
 """The Evaluator's per-slice figures (trainer.slice_gates' report) written in TensorFlow Model
 Analysis' own format, with TFMA's protos: `eval_config.json` (an EvalRun), `metrics*.tfrecord`
 (MetricsForSlice), `plots*.tfrecord` (PlotsForSlice: each classifier's confusion matrix per slice,
-the overall calibration histogram, and where a metrics_spec names ConfusionMatrixPlot each binary
-head's confusion matrices at TFMA's thresholds per slice) and `validations.tfrecord`
+the overall calibration histogram, and where a metrics_spec names ConfusionMatrixPlot or
+CalibrationPlot each binary head's confusion matrices at TFMA's thresholds, or its calibration
+histogram in TFMA's buckets, per slice) and `validations.tfrecord`
 (ValidationResult), so that `tfma.load_eval_result(folder)` reads them. Only TFMA's protos are
 imported: the package is heavy."""
 from __future__ import annotations
@@ -164,7 +165,12 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
 
     for head, counts in entry.get("_plot_counts", {}).items():
         confusion_matrices(binary_plot(head).confusion_matrix_at_thresholds, *counts)
+    tfma_calibration = entry.get("_calibration_plot", {})
+    for head, sums in tfma_calibration.items():
+        calibration_buckets(binary_plot(head).calibration_histogram_buckets, sums)
     for head, bins in calibration.items():
+        if head in tfma_calibration:
+            continue
         for b in bins:
             bucket = binary_plot(head).calibration_histogram_buckets.buckets.add(
                 lower_threshold_inclusive=b["lower"], upper_threshold_exclusive=b["upper"])
@@ -172,6 +178,17 @@ def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, l
             bucket.total_weighted_label.value = b["observed"] * b["examples"]
             bucket.total_weighted_refined_prediction.value = b["mean_prediction"] * b["examples"]
     return out
+
+
+def calibration_buckets(out, sums: np.ndarray) -> None:
+    """TFMA's CalibrationPlot (its 1,000 buckets over [0, 1], with (-inf, 0) and [1, inf) at the
+    ends, every one written) from trainer.slicing.calibration_plot_sums, as its _to_proto fills it."""
+    n = len(sums) - 2
+    bounds = [float("-inf"), *(i * 1.0 / n for i in range(n + 1)), float("inf")]
+    for i, (examples, labels, predictions) in enumerate(np.asarray(sums, np.float64).tolist()):
+        out.buckets.add(lower_threshold_inclusive=bounds[i], upper_threshold_exclusive=bounds[i + 1],
+                        total_weighted_label={"value": labels}, total_weighted_refined_prediction={"value": predictions},
+                        num_weighted_examples={"value": examples})
 
 
 def confusion_matrices(out, tp, fp, fn, tn) -> None:

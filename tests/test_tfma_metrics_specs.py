@@ -624,3 +624,63 @@ def test_keras_metrics_through_tfma_s_specs_from_metrics_run(taxi_like):
     assert [f for f in decision.failed if f.startswith(f"slice Overall: {LABEL}_auc")], decision.failed
     specs[-1]["thresholds"] = {"auc_roc": {"value_threshold": {"lower_bound": auc - 1e-6}}}
     assert evaluate(taxi_like, model, metrics_specs=specs).blessed
+
+
+def tfma_calibration_buckets(y: np.ndarray, p: np.ndarray):
+    """TFMA's own CalibrationPlot of these rows: its calibration histogram (10,000 buckets, its
+    bucket index), rebinned to the plot's 1,000 and made a proto by calibration_plot._to_proto."""
+    from tensorflow_model_analysis.metrics import calibration_histogram as histograms
+    from tensorflow_model_analysis.metrics.calibration_plot import _to_proto
+
+    combiner = histograms._CalibrationHistogramCombiner(
+        key=None, eval_config=None, aggregation_type=None, class_weights=None, example_weighted=False,
+        num_buckets=histograms.DEFAULT_NUM_BUCKETS, left=0.0, right=1.0, prediction_based_bucketing=True,
+        fractional_labels=True)
+    totals: dict[int, list[float]] = {}
+    for label, prediction in zip(y.tolist(), p.tolist()):
+        bucket = totals.setdefault(combiner._bucket_index(prediction), [0.0, 0.0, 0.0])
+        bucket[0], bucket[1], bucket[2] = bucket[0] + label, bucket[1] + prediction, bucket[2] + 1
+    histogram = [histograms.Bucket(i, *totals[i]) for i in sorted(totals)]
+    thresholds = [float("-inf")] + [0.0 + i * 1.0 / 1000 for i in range(1001)]
+    return _to_proto(thresholds, histograms.rebin(thresholds, histogram)).buckets
+
+
+def test_a_named_calibration_plot_is_tfma_s_on_every_slice(taxi_like, tmp_path):
+    """With CalibrationPlot named, each binary head's calibration histogram is written on every slice
+    in TFMA's 1,002 buckets, as TFMA's own histogram, rebinning and _to_proto make them of the same
+    probabilities; unnamed, the Overall slice's 10 bins are written, as before."""
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    from components.evaluator import write_slices
+    from trainer.slicing import TFMA_FOLDER
+
+    model = one_column_model(taxi_like["root"] / "calibration", 2.0, -0.5, False)
+    y, p = taxi_like["y"], (1 / (1 + np.exp(-(2.0 * taxi_like["x"] - 0.5)))).astype(np.float32)
+    written = {}
+    for case, names in (("named", ["BinaryAccuracy", "CalibrationPlot"]), ("unnamed", ["BinaryAccuracy"])):
+        keys = {"metrics_specs": [{"metrics": [{"class_name": name} for name in names]}],
+                "slicing_specs": [{"feature_keys": [LABEL]}], "slice_guard": False}
+        decision = evaluate(taxi_like, model, **keys)
+        (tmp_path / case).mkdir()
+        write_slices(str(tmp_path / case), decision, EvaluatorConfig(label_key=LABEL, **keys), [LABEL], model,
+                     taxi_like["eval"])
+        records = tf.data.TFRecordDataset(str(tmp_path / case / TFMA_FOLDER / "plots-00000-of-00001.tfrecord"))
+        for record in records.as_numpy_iterator():
+            plots = metrics_for_slice_pb2.PlotsForSlice.FromString(record)
+            name = ",".join(f"{k.column}={k.int64_value}" for k in plots.slice_key.single_slice_keys) or "Overall"
+            written[case, name] = {kv.key.name: kv.value for kv in plots.plot_keys_and_values}
+    assert 0 < len(written["unnamed", "Overall"][""].calibration_histogram_buckets.buckets) <= 10  # loopline's bins
+    assert not written["unnamed", f"{LABEL}=1"].get("", metrics_for_slice_pb2.PlotData()).HasField(
+        "calibration_histogram_buckets")
+    for name, rows in (("Overall", slice(None)), (f"{LABEL}=0", y == 0), (f"{LABEL}=1", y == 1)):
+        ours = written["named", name][""].calibration_histogram_buckets.buckets
+        theirs = tfma_calibration_buckets(y[rows], p[rows])
+        assert len(ours) == len(theirs) == 1002, name
+        for mine, tfma_s in zip(ours, theirs):
+            assert (mine.lower_threshold_inclusive, mine.upper_threshold_exclusive) == (
+                tfma_s.lower_threshold_inclusive, tfma_s.upper_threshold_exclusive)
+            assert mine.num_weighted_examples.value == tfma_s.num_weighted_examples.value, (name, tfma_s)
+            assert mine.total_weighted_label.value == tfma_s.total_weighted_label.value, (name, tfma_s)
+            assert mine.total_weighted_refined_prediction.value == pytest.approx(  # float32's last digits:
+                tfma_s.total_weighted_refined_prediction.value, rel=1e-6)          # TF's sigmoid, NumPy's here
+        assert sum(b.num_weighted_examples.value for b in ours) == len(y[rows]) > 0

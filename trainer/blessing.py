@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from trainer.evaluation import (Describe, OpenSignature, eager_signature, evaluate_with_champion, example_batches,
                                 label_kinds, read_description)
-from trainer.evaluator_config import EvaluatorConfig
+from trainer.evaluator_config import CALIBRATION_PLOT, EvaluatorConfig
 from trainer.heads import Head
 from trainer.metric_direction import higher_is_better
 from trainer.model_spec import preprocessed_labels
@@ -152,7 +152,7 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
         candidate_answers=candidate_answers, trivial=trivial, describe=describe,
-        slicer=slicer, slice_totals=totals)
+        slicer=slicer, slice_totals=totals, calibration_plot=config.names_plot(CALIBRATION_PLOT))
     slices = slice_report(config, totals["candidate"], totals["champion"], slicer.kinds)
     if trivial is not None:
         floor.metrics, floor.gains = trivial.metrics(), trivial.gains()

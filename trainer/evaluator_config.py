@@ -164,11 +164,12 @@ TFMA_METRICS = {
 }
 # TFMA's plots a metrics_spec may name (written to the evaluation's plots, components/tfma_result,
 # by TFMA's plot names); a plot has no value, so no threshold. MultiClassConfusionMatrixPlot (each
-# classifier's matrix at TFMA's default threshold 0.0, the top class) and CalibrationPlot (the
-# Overall slice's, in loopline's bins) are written whether named or not; ConfusionMatrixPlot (a
-# binary head's class 1 at TFMA's 1,002 thresholds, every slice) where a spec names it.
-CONFUSION_MATRIX_PLOT = "ConfusionMatrixPlot"
-TFMA_PLOTS = {CONFUSION_MATRIX_PLOT: "confusion_matrix_plot", "CalibrationPlot": "calibration_plot",
+# classifier's matrix at TFMA's default threshold 0.0, the top class) is written whether named or
+# not, and the Overall slice's calibration histogram in loopline's bins unless CalibrationPlot is
+# named; where a spec names them, ConfusionMatrixPlot (a binary head's class 1 at TFMA's 1,002
+# thresholds) and CalibrationPlot (a binary head's class 1 in TFMA's 1,002 buckets), every slice.
+CONFUSION_MATRIX_PLOT, CALIBRATION_PLOT = "ConfusionMatrixPlot", "CalibrationPlot"
+TFMA_PLOTS = {CONFUSION_MATRIX_PLOT: "confusion_matrix_plot", CALIBRATION_PLOT: "calibration_plot",
               "MultiClassConfusionMatrixPlot": "multi_class_confusion_matrix_plot"}
 # Naming one of these says a one-column output is a probability (or logit) of the class 1, as in TFMA.
 BINARY_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.evaluator_config import CONFUSION_MATRIX_PLOT, EvaluatorConfig
+from trainer.evaluator_config import CALIBRATION_PLOT, CONFUSION_MATRIX_PLOT, EvaluatorConfig
 from trainer.metric_direction import higher_is_better
 from trainer.slicing import SliceTotals, slice_name, spec_matches
 
@@ -19,13 +19,15 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
     `kinds`: how each slicing feature is stored (Slicer.kinds), for TFMA's typed slice keys."""
     slices, class_ids = [], config.binarized_classes([head.name for head in candidate.heads])
     figures, curves = config.slice_figures(), config.names_plot(CONFUSION_MATRIX_PLOT)
+    calibration = config.names_plot(CALIBRATION_PLOT)
     for key in candidate.sums:  # insertion order: Overall is in every batch's first segment
         examples = candidate.examples(key)
         slices.append({"slice": slice_name(key), "features": dict(key), "examples": examples,
                        "candidate": candidate.metrics(key, class_ids, figures),
                        "champion": champion.metrics(key, class_ids, figures) if champion is not None and key in champion.sums else None,
                        "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
-                       "_key": key, **({"_plot_counts": candidate.plot_counts(key)} if curves else {})})
+                       "_key": key, **({"_plot_counts": candidate.plot_counts(key)} if curves else {}),
+                       **({"_calibration_plot": candidate.calibration_plot(key)} if calibration else {})})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
             "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {}),

@@ -268,6 +268,33 @@ def auc_histograms(heads: list[Head], targets: dict[str, tf.Tensor], outputs: di
     return sums
 
 
+# TFMA's CalibrationPlot buckets at its default 1,000 over [0, 1] (n = AUC_BUCKETS): (-inf, 0),
+# [0, 1 / n), ..., [(n - 1) / n, 1), [1, inf), every one written, empty or not.
+CALIBRATION_PLOT_BUCKETS = AUC_BUCKETS + 2
+
+
+@tf.autograph.experimental.do_not_convert
+def calibration_plot_sums(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor], losses,
+                          index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Per binary head and slice, `[slices, CALIBRATION_PLOT_BUCKETS, 3]`: labelled rows, their class-1
+    labels and class 1's probabilities, by TFMA's CalibrationPlot bucket floor(p x n) + 1 (in
+    float64, as TFMA buckets a prediction)."""
+    sums = {}
+    count = tf.reduce_max(index["segments"]) + 1
+    for head in heads:
+        if head.kind != CLASSIFICATION or len(head.vocabulary or []) != 2:
+            continue
+        probability = tf.gather(tf.cast(outputs[head.name][:, 1], tf.float64), index["rows"])
+        bucket = tf.clip_by_value(tf.cast(tf.floor(probability * AUC_BUCKETS), tf.int32) + 1, 0, AUC_BUCKETS + 1)
+        mask = tf.gather(tf.cast(losses[head.name][1], tf.float64), index["rows"])
+        label = tf.gather(tf.cast(targets[head.name] == 1, tf.float64), index["rows"])
+        values = tf.stack([mask, label * mask, probability * mask], axis=1)
+        flat = tf.math.unsorted_segment_sum(values, index["segments"] * CALIBRATION_PLOT_BUCKETS + bucket,
+                                            count * CALIBRATION_PLOT_BUCKETS)
+        sums[f"{head.name}/calibration_plot"] = tf.reshape(flat, [count, CALIBRATION_PLOT_BUCKETS, 3])
+    return sums
+
+
 def threshold_counts(negatives: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, ...]:
     """(tp, fp, fn, tn) at the thresholds Keras' and TFMA's AUC use, from auc_histograms' buckets:
     -eps, 1 / n .. (n - 1) / n, 1 + eps (n = AUC_BUCKETS), a row counted positive above each."""
@@ -552,6 +579,12 @@ class SliceTotals:
             if histogram is not None and len(histogram) == 2:
                 out[head.name] = plot_counts(histogram[1, :, 0], histogram[1, :, 1])
         return out
+
+    def calibration_plot(self, key: SliceKey) -> dict[str, np.ndarray]:
+        """Each binary head's calibration_plot_sums in the slice, where they were summed."""
+        sums = self.sums[key]
+        return {head.name: sums[f"{head.name}/calibration_plot"] for head in self.heads
+                if f"{head.name}/calibration_plot" in sums}
 
     def calibration_bins(self) -> dict[str, list[dict]]:
         out = {}
