@@ -64,7 +64,7 @@ def Evaluator(
     @functools.cache  # asked for the candidate's and champion's again and again: a TFX model's is a load
     def describe(saved_model_dir: str) -> dict:  # a TFX run_fn's model as TFMA's ModelSpec names it
         return describe_model(saved_model_dir, config.label_key, config.signature_name, eval_pattern,
-                              config.preprocessing_function_names, config.binary)
+                              config.preprocessing_function_names, config.binary, config.prediction_key)
 
     def open_signature(saved_model_dir: str, signature: str, outputs=None):
         # loopline's exports are called as the server calls them: a Session callable per signature,

@@ -216,9 +216,11 @@ def eval_config(config, compared: bool, heads: dict[str, str] | None = None):
     and metrics_specs' (on the slices they apply to, named by loopline's figures; `heads`: name -> kind)."""
     from tensorflow_model_analysis.proto import config_pb2
 
-    specs = [config_pb2.ModelSpec(name=CANDIDATE, signature_name=config.signature_name, label_key=config.label_key or "")]
+    specs = [config_pb2.ModelSpec(name=CANDIDATE, signature_name=config.signature_name, label_key=config.label_key or "",
+                                  prediction_key=config.prediction_key)]
     if compared:
-        specs.append(config_pb2.ModelSpec(name=BASELINE, is_baseline=True, signature_name=config.signature_name))
+        specs.append(config_pb2.ModelSpec(name=BASELINE, is_baseline=True, signature_name=config.signature_name,
+                                          prediction_key=config.prediction_key))
     out = config_pb2.EvalConfig(model_specs=specs, slicing_specs=[config_pb2.SlicingSpec()])
     out.slicing_specs.extend(tfma_slicing_spec(s) for s in config.slicing_specs)
     metrics = out.metrics_specs.add()

@@ -32,15 +32,17 @@ def write_split(path, x: np.ndarray, y: np.ndarray) -> str:
     return str(path)
 
 
-def one_column_model(path, weight: float, bias: float, logits: bool) -> str:
+def one_column_model(path, weight: float, bias: float, logits: bool, outputs=None) -> str:
     """A SavedModel as a TFX run_fn saves one: `serving_default` parses serialized tf.Examples and
-    answers one column, sigmoid(weight * x + bias) or that logit."""
+    answers one column, sigmoid(weight * x + bias) or that logit; `outputs(logit)`: its outputs instead."""
     module = tf.Module()
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     def serve(examples):
         x = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([1], tf.float32)})["x"]
         logit = weight * x + bias
+        if outputs is not None:
+            return outputs(logit)
         return {"output_0": logit if logits else tf.sigmoid(logit)}
 
     module.serve = serve
@@ -63,7 +65,7 @@ def evaluate(data, candidate: str, champion: str | None = None, answers=None, **
     return evaluate_and_decide(candidate, data["eval"], champion, config, train_pattern=data["train"],
                                candidate_answers=answers, describe=lambda path: describe_model(
                                    path, config.label_key, config.signature_name, data["eval"],
-                                   config.preprocessing_function_names, config.binary))
+                                   config.preprocessing_function_names, config.binary, config.prediction_key))
 
 
 @pytest.mark.parametrize("logits", [False, True], ids=["sigmoid", "logit"])
@@ -684,3 +686,31 @@ def test_a_named_calibration_plot_is_tfma_s_on_every_slice(taxi_like, tmp_path):
             assert mine.total_weighted_refined_prediction.value == pytest.approx(  # float32's last digits:
                 tfma_s.total_weighted_refined_prediction.value, rel=1e-6)          # TF's sigmoid, NumPy's here
         assert sum(b.num_weighted_examples.value for b in ours) == len(y[rows]) > 0
+
+
+def test_the_prediction_among_several_outputs_is_tfma_s(taxi_like):
+    """A signature answering several outputs, as an estimator's or a classify signature's does: TFMA's
+    ModelSpec.prediction_key names the one that predicts the label (evaluator.prediction_key); without
+    it, the first of TFMA's common keys the signature answers (here `logistic` before `logits`); with
+    neither, the Evaluator says which key to set."""
+    def several(logit):
+        return {"logits": logit, "logistic": tf.sigmoid(logit), "rank": -logit}
+
+    single = one_column_model(taxi_like["root"] / "single", 2.0, -0.5, False)
+    model = one_column_model(taxi_like["root"] / "several", 2.0, -0.5, False, outputs=several)
+    binary = {"metrics_specs": [{"metrics": [{"class_name": "BinaryAccuracy"}, {"class_name": "AUC"}]}]}
+    expected = evaluate(taxi_like, single, **binary).slices_json()["slices"][0]["candidate"]
+    assert 0.6 < expected[f"{LABEL}_accuracy"] < 1
+    for keys in ({}, {"prediction_key": "logistic"}):
+        overall = evaluate(taxi_like, model, **binary, **keys).slices_json()["slices"][0]["candidate"]
+        assert overall == expected, keys
+    flipped = evaluate(taxi_like, model, **binary, prediction_key="rank").slices_json()["slices"][0]["candidate"]
+    assert flipped[f"{LABEL}_auc"] == pytest.approx(1 - expected[f"{LABEL}_auc"], abs=2e-3)  # the outputs' own
+
+    unknown = one_column_model(taxi_like["root"] / "unknown", 2.0, -0.5, False,
+                               outputs=lambda logit: {"a": tf.sigmoid(logit), "b": logit})
+    with pytest.raises(ValueError, match="none of them one of TFMA's prediction keys .*set evaluator.prediction_key"):
+        evaluate(taxi_like, unknown, **binary)
+    with pytest.raises(ValueError, match="evaluator.prediction_key 'c' is not one of its outputs"):
+        evaluate(taxi_like, unknown, **binary, prediction_key="c")
+    assert evaluate(taxi_like, unknown, **binary, prediction_key="a").slices_json()["slices"][0]["candidate"] == expected

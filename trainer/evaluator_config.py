@@ -415,6 +415,11 @@ class MetricsSpec(Section):
         return {m.metric_name: m for m in self.metrics if not m.is_plot}
 
 
+# The outputs TFMA takes as the prediction, in this order, when a signature answers several and
+# ModelSpec.prediction_key names none (metric_util.to_label_prediction_example_weight).
+COMMON_PREDICTION_KEYS = ("scores", "outputs", "predictions", "logistic", "probabilities", "logits")
+
+
 class EvaluatorConfig(Section):
     """When a candidate model is blessed (and so pushed)."""
 
@@ -450,8 +455,12 @@ class EvaluatorConfig(Section):
         "run_fn) is evaluated on; null: data.label. loopline's own exports name their labels themselves.")
     signature_name: str = Field(
         "serving_default", description="TFMA's ModelSpec.signature_name: the signature of such a model that is called on "
-        "serialized tf.Examples; its one output predicts the label (k >= 2 columns: scores or logits of the classes "
+        "serialized tf.Examples; its output (evaluator.prediction_key's) predicts the label (k >= 2 columns: scores or logits of the classes "
         "0..k-1; one column: a regression).")
+    prediction_key: str = Field(
+        "", description="TFMA's ModelSpec.prediction_key: which output of such a model's signature predicts the label "
+        "when it answers several; empty: its only output, else the first of TFMA's common keys it answers "
+        f"({', '.join(COMMON_PREDICTION_KEYS)}).")
     preprocessing_function_names: list[str] = Field(
         default_factory=list, description="TFMA's ModelSpec.preprocessing_function_names: signatures of such a model "
         "called on the serialized tf.Examples, in order, whose outputs hold evaluator.label_key (TFX's "

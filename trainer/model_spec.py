@@ -14,6 +14,7 @@ from typing import Callable
 import tensorflow as tf
 
 from trainer.evaluation import is_loopline_export, read_description
+from trainer.evaluator_config import COMMON_PREDICTION_KEYS
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
 from trainer.inputs import record_dataset
 
@@ -21,28 +22,27 @@ _LABEL_DTYPES = {"int64_list": "int64", "float_list": "float32", "bytes_list": "
 
 
 def describe_model(saved_model_dir: str, label_key: str, signature_name: str, eval_pattern: str,
-                   preprocessing: list[str] = (), binary: bool = False) -> dict:
+                   preprocessing: list[str] = (), binary: bool = False, prediction_key: str = "") -> dict:
     """loopline's own description of its exports (read_description), else the ModelSpec's."""
     if is_loopline_export(saved_model_dir):
         return read_description(saved_model_dir)
-    return model_spec_description(saved_model_dir, label_key, signature_name, eval_pattern, preprocessing, binary)
+    return model_spec_description(saved_model_dir, label_key, signature_name, eval_pattern, preprocessing, binary,
+                                  prediction_key)
 
 
 def model_spec_description(saved_model_dir: str, label_key: str, signature_name: str, eval_pattern: str,
-                           preprocessing: list[str] = (), binary: bool = False) -> dict:
+                           preprocessing: list[str] = (), binary: bool = False, prediction_key: str = "") -> dict:
     """The description RunningEvaluation reads: one head named after `label_key`, and under
-    `model_spec` the signature, its serialized-examples input, the head's output and the
-    `preprocessing` signatures the label is read from (none: from the examples)."""
+    `model_spec` the signature, its serialized-examples input, the head's output (`prediction_key`'s
+    among several) and the `preprocessing` signatures the label is read from (none: from the examples)."""
     signatures = tf.saved_model.load(saved_model_dir).signatures
     function = _examples_signature(saved_model_dir, signatures, signature_name, "evaluator.signature_name")
     inputs = function.structured_input_signature[1]
     for name in preprocessing:
         _examples_signature(saved_model_dir, signatures, name, "evaluator.preprocessing_function_names")
     outputs = function.structured_outputs
-    if len(outputs) != 1:
-        raise ValueError(f"{saved_model_dir}: signature {signature_name!r} must answer one output for "
-                         f"evaluator.label_key '{label_key}' (it answers {_specs(outputs)})")
-    output, spec = next(iter(outputs.items()))
+    output = _prediction_output(outputs, prediction_key, f"{saved_model_dir}: signature {signature_name!r}", label_key)
+    spec = outputs[output]
     width = spec.shape[-1] if spec.shape.rank == 2 else 1
     label_dtype = (_preprocessed_label_dtype(signatures, preprocessing, eval_pattern, label_key) if preprocessing
                    else _label_dtype(eval_pattern, label_key))
@@ -57,6 +57,24 @@ def model_spec_description(saved_model_dir: str, label_key: str, signature_name:
     return {"features": {}, "heads": [head.to_json()],
             "model_spec": {"signature": signature_name, "input": next(iter(inputs)), "outputs": {label_key: output},
                            "preprocessing": list(preprocessing)}}
+
+
+def _prediction_output(outputs: dict, prediction_key: str, where: str, label_key: str) -> str:
+    """Which output predicts the label: `prediction_key`'s, the only one, or the first of TFMA's
+    common prediction keys the signature answers."""
+    if prediction_key:
+        if prediction_key not in outputs:
+            raise ValueError(f"{where}: evaluator.prediction_key '{prediction_key}' is not one of its outputs "
+                             f"({_specs(outputs)})")
+        return prediction_key
+    if len(outputs) == 1:
+        return next(iter(outputs))
+    common = [key for key in COMMON_PREDICTION_KEYS if key in outputs]
+    if not common:
+        raise ValueError(f"{where} answers {_specs(outputs)}, none of them one of TFMA's prediction keys "
+                         f"({', '.join(COMMON_PREDICTION_KEYS)}): set evaluator.prediction_key to the output that "
+                         f"predicts evaluator.label_key '{label_key}'")
+    return common[0]
 
 
 def preprocessed_labels(saved_model_dir: str, description: dict) -> Callable[[tf.Tensor], dict] | None:
