@@ -14,10 +14,11 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluator_config import SlicingSpec
+from trainer.evaluator_config import SlicingSpec, micro_figure
 from trainer.slicing import PLOT_THRESHOLDS
 
 CANDIDATE, BASELINE = "candidate", "baseline"  # TFMA's model names for a candidate and its baseline
+MICRO_SUFFIX = micro_figure("")  # trainer.evaluator_config.micro_figure's
 
 # loopline's per-head metric suffixes as TFMA names them (metric key name, per output = head).
 _TFMA_NAMES = {"loss": "loss", "accuracy": "accuracy", "rmse": "root_mean_squared_error",
@@ -86,10 +87,14 @@ def metric_key(name: str, heads: list[str], model_name: str, is_diff: bool = Fal
     for head in sorted(heads, key=len, reverse=True):  # the longest head name that prefixes it
         if name.startswith(f"{head}_"):
             suffix, class_id = _class_of(name[len(head) + 1:])
+            micro = suffix.endswith(MICRO_SUFFIX)
+            suffix = suffix[:-len(MICRO_SUFFIX)] if micro else suffix
             key = metrics_for_slice_pb2.MetricKey(name=_TFMA_NAMES.get(suffix, suffix), output_name=head,
                                                   model_name=model_name, is_diff=is_diff)
             if class_id is not None:  # a binarized figure (MetricsSpec.binarize): TFMA's sub key
                 key.sub_key.class_id.value = class_id
+            if micro:  # micro-averaged (MetricsSpec.aggregate): TFMA's aggregation type
+                key.aggregation_type.micro_average = True
             return key
     return metrics_for_slice_pb2.MetricKey(name=name, model_name=model_name, is_diff=is_diff)
 

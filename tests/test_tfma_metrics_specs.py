@@ -714,3 +714,75 @@ def test_the_prediction_among_several_outputs_is_tfma_s(taxi_like):
     with pytest.raises(ValueError, match="evaluator.prediction_key 'c' is not one of its outputs"):
         evaluate(taxi_like, unknown, **binary, prediction_key="c")
     assert evaluate(taxi_like, unknown, **binary, prediction_key="a").slices_json()["slices"][0]["candidate"] == expected
+
+
+def test_tfma_s_default_multi_class_specs_micro_average_every_pair(tmp_path):
+    """tfma.metrics.default_multi_class_classification_specs() as serialized runs unchanged: its
+    aggregate spec (micro_average) computes each binary metric over every (row, class) pair of the
+    three-class head, the class's probability against whether the row is of it, as TFMA flattens
+    them: accuracy, precision and recall against scikit-learn's on the pairs, the cross-entropy
+    against Keras' BinaryCrossentropy on them, the means against NumPy's; thresholds by the
+    configs' names gate them; TFMA's result keys them micro-averaged, and the named plots are of the
+    pairs. Macro averages are refused by name."""
+    import tf_keras
+    from tensorflow_model_analysis.proto import metrics_for_slice_pb2
+
+    from components.evaluator import write_slices
+    from components.tfma_result import metric_key
+    from trainer.slicing import TFMA_FOLDER
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=600).astype(np.float32)
+    y = np.digitize(-x + rng.normal(scale=0.5, size=600), [-0.6, 0.6]).astype(np.int64)
+    data = {"train": write_split(tmp_path / "train.gz", x[:400], y[:400]),
+            "eval": write_split(tmp_path / "eval.gz", x[400:], y[400:])}
+    model = three_class_model(tmp_path / "model")
+    logits = np.stack([2.0 * x[400:], np.zeros(200), -2.0 * x[400:]], axis=1)
+    p = (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)).astype(np.float32)
+    labels = np.eye(3)[y[400:]]
+    pairs, truth = p.ravel(), labels.ravel().astype(bool)
+
+    specs = tfma_default_specs("multi_class_classification")
+    assert any(spec.get("aggregate") == {"micro_average": True} for spec in specs)
+    decision = evaluate(data, model, metrics_specs=specs)
+    overall = decision.slices_json()["slices"][0]["candidate"]
+    micro = {name[len(LABEL) + 1:-len("_micro_average")]: value for name, value in overall.items()
+             if name.endswith("_micro_average")}
+    assert micro["accuracy"] == pytest.approx(np.mean((pairs > 0.5) == truth), abs=1e-9)
+    assert micro["precision"] == pytest.approx(precision_score(truth, pairs > 0.5), abs=1e-9)
+    assert micro["recall"] == pytest.approx(recall_score(truth, pairs > 0.5), abs=1e-9)
+    assert micro["auc"] == pytest.approx(roc_auc_score(truth, pairs), abs=2e-3)
+    assert micro["auc_precision_recall"] == pytest.approx(average_precision_score(truth, pairs), abs=0.02)
+    keras_loss = tf_keras.metrics.BinaryCrossentropy()
+    keras_loss.update_state(labels.reshape(-1, 1), p.reshape(-1, 1))
+    assert micro["loss"] == pytest.approx(float(keras_loss.result()), rel=1e-5)
+    assert micro["mean_label"] == pytest.approx(1 / 3, abs=1e-9)
+    assert micro["mean_prediction"] == pytest.approx(np.mean(pairs), rel=1e-5)
+    assert micro["calibration"] == pytest.approx(np.sum(pairs) / np.sum(truth), rel=1e-5)
+    assert overall[f"{LABEL}_accuracy"] == pytest.approx(np.mean(p.argmax(1) == y[400:]), abs=1e-9)  # not the pairs'
+
+    aggregate = next(i for i, spec in enumerate(specs) if "aggregate" in spec)
+    for margin, blessed in ((-0.01, True), (0.01, False)):
+        gated = [dict(spec) for spec in specs]
+        gated[aggregate]["thresholds"] = {"auc_precison_recall": {"value_threshold": {
+            "lower_bound": micro["auc_precision_recall"] + margin}}}
+        assert evaluate(data, model, metrics_specs=gated).blessed is blessed
+
+    write_slices(str(tmp_path), decision, EvaluatorConfig(label_key=LABEL, metrics_specs=specs), [LABEL], model,
+                 data["eval"])
+    [record] = tf.data.TFRecordDataset(str(tmp_path / TFMA_FOLDER / "plots-00000-of-00001.tfrecord")).as_numpy_iterator()
+    plots = {kv.key.name: kv.value for kv in metrics_for_slice_pb2.PlotsForSlice.FromString(record).plot_keys_and_values}
+    matrices = plots[""].confusion_matrix_at_thresholds.matrices
+    assert (matrices[1].threshold, matrices[1].true_positives, matrices[1].false_positives) == (0.0, 200, 400)
+    assert matrices[501].true_positives == np.sum((pairs > 0.5) & truth)
+    buckets = plots[""].calibration_histogram_buckets.buckets
+    assert len(buckets) == 1002 and sum(b.num_weighted_examples.value for b in buckets) == 600
+    assert sum(b.total_weighted_label.value for b in buckets) == 200
+    key = metric_key(f"{LABEL}_recall_micro_average", [LABEL], "candidate")
+    assert (key.name, key.output_name, key.aggregation_type.micro_average) == ("recall", LABEL, True)
+
+    with pytest.raises(ValidationError, match="aggregate: macro_average is not computed"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC"}], "aggregate": {"macro_average": True}}])
+    with pytest.raises(ValidationError, match="aggregate: SparseCategoricalAccuracy is not computed micro-averaged"):
+        EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "SparseCategoricalAccuracy"}],
+                                        "aggregate": {"micro_average": True}}])

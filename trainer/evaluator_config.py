@@ -325,9 +325,23 @@ BINARIZED_FIGURES = frozenset({"accuracy", "auc", PR_AUC, *CONFUSION_METRICS.val
 UNBINARIZED_FIGURES = frozenset({"examples"})
 
 
+# The metrics a multi-class head has micro-averaged (MetricsSpec.aggregate.micro_average): over every
+# (row, class) pair, the class's probability against whether the row is of the class, as TFMA
+# flattens them (trainer.slicing.micro_figures): the binary metrics, the means and a binary head's
+# plots, of those pairs; the example count stays the head's.
+MICRO_METRICS = frozenset({"BinaryAccuracy", "BinaryCrossentropy", "AUC", "AUCPrecisionRecall", *CONFUSION_METRICS,
+                           *MEAN_METRICS, *OPERATING_POINT_METRICS, CONFUSION_MATRIX_PLOT, CALIBRATION_PLOT,
+                           "ExampleCount", "WeightedExampleCount"})
+
+
 def class_figure(figure: str, class_id: int) -> str:
     """A head's figure of one class against the rest: `species_recall` -> `species_recall_class_2`."""
     return f"{figure}_class_{class_id}"
+
+
+def micro_figure(figure: str) -> str:
+    """A head's figure micro-averaged over its classes: `species_recall` -> `species_recall_micro_average`."""
+    return f"{figure}_micro_average"
 
 
 class ClassIds(Section):
@@ -349,6 +363,23 @@ class ExampleWeightOptions(Section):
 
     weighted: bool = Field(False, description="Weighted figures: every row weighs 1.")
     unweighted: bool = Field(False, description="Unweighted figures.")
+
+
+class AggregationOptions(Section):
+    """TFMA's AggregationOptions: its micro_average (macro averages, class weights and top_k_list are
+    not computed)."""
+
+    micro_average: bool = Field(False, description="Each metric over every (row, class) pair of a multi-class head, "
+                                "the class's probability against whether the row is of it, as <head>_<figure>_micro_average.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, values):
+        unknown = sorted(k for k, v in values.items() if k != "micro_average" and v) if isinstance(values, dict) else []
+        if unknown:
+            raise ValueError(f"metrics_specs aggregate: {', '.join(unknown)} is not computed by loopline's Evaluator; "
+                             "it computes micro_average")
+        return {k: v for k, v in values.items() if k == "micro_average"} if isinstance(values, dict) else values
 
 
 class PerSliceMetricThreshold(Section):
@@ -384,6 +415,9 @@ class MetricsSpec(Section):
     binarize: BinarizationOptions | None = Field(
         None, description="TFMA's binarize: the metrics (accuracy, AUC and the confusion-matrix metrics) of each "
         "class id one against the rest, as <head>_<figure>_class_<id>; each threshold applies to every class id.")
+    aggregate: AggregationOptions | None = Field(
+        None, description="TFMA's aggregate: {micro_average: true} computes the metrics of a multi-class head over "
+        "every (row, class) pair (TFMA's default multi-class specs name it).")
 
     @model_validator(mode="after")
     def _named_metrics(self):
@@ -400,15 +434,25 @@ class MetricsSpec(Section):
             raise ValueError(f"metrics_specs binarize: {', '.join(per_class)} is not computed per class; with binarize "
                              f"the metrics are {', '.join(c for c, (f, _) in TFMA_METRICS.items() if f in allowed)}, "
                              f"{', '.join(OPERATING_POINT_METRICS)}")
+        unmicro = [m.class_name for m in self.metrics if m.class_name not in MICRO_METRICS]
+        if self.micro_average and unmicro:
+            raise ValueError(f"metrics_specs aggregate: {', '.join(unmicro)} is not computed micro-averaged; "
+                             f"micro-averaged the metrics are {', '.join(sorted(MICRO_METRICS))}")
         return self
 
+    @property
+    def micro_average(self) -> bool:
+        return self.aggregate is not None and self.aggregate.micro_average
+
     def figures(self, metric: MetricConfig, head: str, kind: str | None) -> list[str]:
-        """The figures a metric of this spec is of one head: one, or one per binarized class id."""
+        """The figures a metric of this spec is of one head: one, or one per binarized class id and
+        one micro-averaged."""
         figure = metric.figure(head, kind)
         ids = self.binarize.class_ids.values if self.binarize is not None else []
-        if not ids or metric.figure_name in UNBINARIZED_FIGURES:
+        if metric.figure_name in UNBINARIZED_FIGURES:
             return [figure]
-        return [class_figure(figure, c) for c in ids]
+        out = [class_figure(figure, c) for c in ids] + ([micro_figure(figure)] if self.micro_average else [])
+        return out or [figure]
 
     def by_class(self) -> dict[str, MetricConfig]:
         """The spec's metrics (not its plots: nothing gates a plot) by TFMA's name for them."""
@@ -538,6 +582,10 @@ class EvaluatorConfig(Section):
     def names_plot(self, class_name: str) -> bool:
         """Whether a metrics_spec names this plot (TFMA_PLOTS)."""
         return any(m.class_name == class_name for spec in self.metrics_specs for m in spec.metrics)
+
+    def micro_averaged(self, heads: list[str]) -> set[str]:
+        """The heads whose figures are wanted micro-averaged (metrics_specs' aggregate)."""
+        return {head for spec in self.metrics_specs if spec.micro_average for head in spec.output_names or heads}
 
     def binarized_classes(self, heads: list[str]) -> dict[str, list[int]]:
         """The class ids each head's figures are wanted for one against the rest (metrics_specs' binarize)."""

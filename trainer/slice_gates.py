@@ -17,17 +17,18 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
     """slices.json without its gates: every slice (Overall first, then in the specs' order), its
     examples and both models' metrics, the candidate's confusion matrices, the calibration bins.
     `kinds`: how each slicing feature is stored (Slicer.kinds), for TFMA's typed slice keys."""
-    slices, class_ids = [], config.binarized_classes([head.name for head in candidate.heads])
+    heads = [head.name for head in candidate.heads]
+    slices, class_ids, micro = [], config.binarized_classes(heads), config.micro_averaged(heads)
     figures, curves = config.slice_figures(), config.names_plot(CONFUSION_MATRIX_PLOT)
     calibration = config.names_plot(CALIBRATION_PLOT)
     for key in candidate.sums:  # insertion order: Overall is in every batch's first segment
         examples = candidate.examples(key)
         slices.append({"slice": slice_name(key), "features": dict(key), "examples": examples,
-                       "candidate": candidate.metrics(key, class_ids, figures),
-                       "champion": champion.metrics(key, class_ids, figures) if champion is not None and key in champion.sums else None,
+                       "candidate": candidate.metrics(key, class_ids, figures, micro),
+                       "champion": champion.metrics(key, class_ids, figures, micro) if champion is not None and key in champion.sums else None,
                        "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
-                       "_key": key, **({"_plot_counts": candidate.plot_counts(key)} if curves else {}),
-                       **({"_calibration_plot": candidate.calibration_plot(key)} if calibration else {})})
+                       "_key": key, **({"_plot_counts": candidate.plot_counts(key, micro)} if curves else {}),
+                       **({"_calibration_plot": candidate.calibration_plot(key, micro)} if calibration else {})})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
             "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {}),

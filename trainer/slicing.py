@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, PR_AUC, OperatingPoint, class_figure
+from trainer.evaluator_config import ALWAYS_CONFUSION_FIGURES, PR_AUC, OperatingPoint, class_figure, micro_figure
 from trainer.heads import CLASSIFICATION, Head, HeadTotals
 
 # The per-slice figures in the blessing folder (ModelBlessing's uri), beside blessing.json; the
@@ -209,8 +209,9 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
                      losses) -> dict[str, tf.Tensor]:
     """What is summed per slice, row by row, beside HeadTotals.row_values: the row itself, each
     regression's absolute, percentage and logarithmic errors and each classifier's (label, predicted
-    class) cell, and the label and prediction of a regression or a binary head (class 1's) for
-    TFMA's means."""
+    class) cell, the label and prediction of a regression or a binary head (class 1's) for
+    TFMA's means, and a multi-class head's (row, class) pairs' probability and cross-entropy sums
+    for its micro averages."""
     values = {}
     values["examples"] = tf.ones_like(losses[heads[0].name][1]) if heads else tf.zeros([0])
     for head in heads:
@@ -223,6 +224,11 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
             if k == 2:
                 values[f"{head.name}/label"] = tf.cast(targets[head.name] == 1, tf.float32) * mask
                 values[f"{head.name}/prediction"] = outputs[head.name][:, 1] * mask
+            else:  # the (row, class) pairs' sums for micro averages (micro_figures)
+                onehot = tf.one_hot(tf.maximum(targets[head.name], 0), k)
+                values[f"{head.name}/pair_prediction"] = tf.reduce_sum(outputs[head.name], axis=-1) * mask
+                values[f"{head.name}/pair_crossentropy"] = tf.reduce_sum(
+                    keras_binary_crossentropy(onehot, outputs[head.name]), axis=-1) * mask
         elif head.kind != CLASSIFICATION:
             label = tf.where(mask > 0, targets[head.name], 0.0)
             prediction = tf.reshape(outputs[head.name], [-1]) * mask
@@ -230,6 +236,16 @@ def slice_row_values(heads: list[Head], targets: dict[str, tf.Tensor], outputs: 
             values[f"{head.name}/label"], values[f"{head.name}/prediction"] = label, prediction
             values.update(_error_rows(head.name, label, prediction, mask))
     return values
+
+
+KERAS_EPSILON = 1e-7
+
+
+def keras_binary_crossentropy(labels: tf.Tensor, probabilities: tf.Tensor) -> tf.Tensor:
+    """Each pair's binary cross-entropy as Keras' BinaryCrossentropy (TFMA's, micro-averaged)
+    computes it: the probability clipped to [eps, 1 - eps], then eps added inside the logarithms."""
+    p = tf.clip_by_value(probabilities, KERAS_EPSILON, 1.0 - KERAS_EPSILON)
+    return -(labels * tf.math.log(p + KERAS_EPSILON) + (1.0 - labels) * tf.math.log(1.0 - p + KERAS_EPSILON))
 
 
 def _error_rows(head: str, label: tf.Tensor, prediction: tf.Tensor, mask: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -276,20 +292,26 @@ CALIBRATION_PLOT_BUCKETS = AUC_BUCKETS + 2
 @tf.autograph.experimental.do_not_convert
 def calibration_plot_sums(heads: list[Head], targets: dict[str, tf.Tensor], outputs: dict[str, tf.Tensor], losses,
                           index: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Per binary head and slice, `[slices, CALIBRATION_PLOT_BUCKETS, 3]`: labelled rows, their class-1
-    labels and class 1's probabilities, by TFMA's CalibrationPlot bucket floor(p x n) + 1 (in
-    float64, as TFMA buckets a prediction)."""
+    """Per classifier and slice, `[slices, CALIBRATION_PLOT_BUCKETS, 3]`: labelled rows, their labels
+    and probabilities by TFMA's CalibrationPlot bucket floor(p x n) + 1 (in float64, as TFMA buckets
+    a prediction): a binary head's class 1, a multi-class head's (row, class) pairs (micro-averaged)."""
     sums = {}
     count = tf.reduce_max(index["segments"]) + 1
     for head in heads:
-        if head.kind != CLASSIFICATION or len(head.vocabulary or []) != 2:
+        k = len(head.vocabulary or [])
+        if head.kind != CLASSIFICATION or not 2 <= k <= MAX_CONFUSION_CLASSES:
             continue
-        probability = tf.gather(tf.cast(outputs[head.name][:, 1], tf.float64), index["rows"])
+        scores = tf.gather(tf.cast(outputs[head.name], tf.float64), index["rows"])
+        labels = tf.one_hot(tf.gather(tf.maximum(targets[head.name], 0), index["rows"]), k, dtype=tf.float64)
+        mask = tf.gather(tf.cast(losses[head.name][1], tf.float64), index["rows"])[:, None]
+        segments = index["segments"][:, None] + tf.zeros([1, k], tf.int32)
+        if k == 2:  # class 1
+            scores, labels, mask, segments = scores[:, 1:], labels[:, 1:], mask, segments[:, 1:]
+        probability = tf.reshape(scores, [-1])
         bucket = tf.clip_by_value(tf.cast(tf.floor(probability * AUC_BUCKETS), tf.int32) + 1, 0, AUC_BUCKETS + 1)
-        mask = tf.gather(tf.cast(losses[head.name][1], tf.float64), index["rows"])
-        label = tf.gather(tf.cast(targets[head.name] == 1, tf.float64), index["rows"])
-        values = tf.stack([mask, label * mask, probability * mask], axis=1)
-        flat = tf.math.unsorted_segment_sum(values, index["segments"] * CALIBRATION_PLOT_BUCKETS + bucket,
+        weight = tf.reshape(mask + tf.zeros_like(scores), [-1])
+        values = tf.stack([weight, tf.reshape(labels, [-1]) * weight, probability * weight], axis=1)
+        flat = tf.math.unsorted_segment_sum(values, tf.reshape(segments, [-1]) * CALIBRATION_PLOT_BUCKETS + bucket,
                                             count * CALIBRATION_PLOT_BUCKETS)
         sums[f"{head.name}/calibration_plot"] = tf.reshape(flat, [count, CALIBRATION_PLOT_BUCKETS, 3])
     return sums
@@ -511,6 +533,27 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
     return out
 
 
+def micro_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+    """A multi-class head's figures over every (row, class) pair, TFMA's micro_average: each class's
+    probability against whether the row is of the class, from the per-class histograms summed over
+    the classes (at TFMA's threshold 0.5), and the pairs' probability and cross-entropy sums."""
+    histogram = sums.get(f"{head}/auc_histogram")
+    if histogram is None or len(histogram) < 3:
+        return {}
+    negatives, positives = histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0)
+    pairs, labels = float(negatives.sum() + positives.sum()), float(positives.sum())
+    tp, fp, fn, tn = (float(counts[AUC_BUCKETS // 2]) for counts in threshold_counts(negatives, positives))
+    prediction = float(sums[f"{head}/pair_prediction"])
+    values = {"accuracy": (tp + tn) / pairs, "auc": roc_auc(negatives, positives),
+              "loss": float(sums[f"{head}/pair_crossentropy"]) / pairs, "mean_label": labels / pairs,
+              "mean_prediction": prediction / pairs, "calibration": prediction / labels if labels > 0 else None,
+              **confusion_figures(tp, fp, fn, tn, [name for name in figures if name in CONFUSION_FIGURES])}
+    if PR_AUC in figures:
+        values[PR_AUC] = pr_auc(negatives, positives)
+    values.update({point.name: operating_point(negatives, positives, point) for point in _points(figures)})
+    return {micro_figure(f"{head}_{name}"): float(v) for name, v in values.items() if v is not None}
+
+
 class SliceTotals:
     """One model's per-slice sums over the batches, by slice key, and the overall calibration bins."""
 
@@ -529,13 +572,13 @@ class SliceTotals:
             self.calibration[name] = self.calibration.get(name, 0.0) + np.asarray(value, np.float64)
 
     def metrics(self, key: SliceKey, class_ids: dict[str, list[int]] | None = None,
-                figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
+                figures=ALWAYS_CONFUSION_FIGURES, micro: set[str] = frozenset()) -> dict[str, float]:
         """HeadTotals' metrics of the slice, with `<head>_mae` and `_mse` for regressions, `_auc` for
         classifiers, and of the optional `figures` (EvaluatorConfig.slice_figures) the confusion ones
         (CONFUSION_FIGURES) for binary heads, the means for those and regressions, a regression's
         percentage and logarithmic errors, and `class_ids`' figures one class against the rest
-        (`{head: ids}`: class_figures); a head without a labelled row in the slice has no figures
-        there (nor has the total `loss`)."""
+        (`{head: ids}`: class_figures), and the `micro` heads' figures micro-averaged (micro_figures);
+        a head without a labelled row in the slice has no figures there (nor has the total `loss`)."""
         sums = self.sums[key]
         totals = HeadTotals(self.heads)
         totals.add_sums({k: v for k, v in sums.items() if np.ndim(v) == 0 and "/" in k})
@@ -555,6 +598,8 @@ class SliceTotals:
                 if (class_ids or {}).get(head.name) and f"{head.name}/auc_histogram" in sums:
                     metrics.update(class_figures(head.name, sums[f"{head.name}/auc_histogram"], class_ids[head.name],
                                                  figures))
+                if head.name in micro:
+                    metrics.update(micro_figures(head.name, sums, figures))
         return metrics
 
     def examples(self, key: SliceKey) -> int:
@@ -570,21 +615,24 @@ class SliceTotals:
                                   "matrix": np.rint(np.reshape(cells, (k, k))).astype(int).tolist()}
         return out
 
-    def plot_counts(self, key: SliceKey) -> dict[str, tuple[np.ndarray, ...]]:
+    def plot_counts(self, key: SliceKey, micro: set[str] = frozenset()) -> dict[str, tuple[np.ndarray, ...]]:
         """Each binary head's class 1 (tp, fp, fn, tn) at PLOT_THRESHOLDS in the slice (TFMA's
-        ConfusionMatrixPlot)."""
+        ConfusionMatrixPlot), and the `micro` heads' of their (row, class) pairs."""
         out = {}
         for head in self.heads:
             histogram = self.sums[key].get(f"{head.name}/auc_histogram")
             if histogram is not None and len(histogram) == 2:
                 out[head.name] = plot_counts(histogram[1, :, 0], histogram[1, :, 1])
+            elif histogram is not None and head.name in micro:
+                out[head.name] = plot_counts(histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0))
         return out
 
-    def calibration_plot(self, key: SliceKey) -> dict[str, np.ndarray]:
-        """Each binary head's calibration_plot_sums in the slice, where they were summed."""
+    def calibration_plot(self, key: SliceKey, micro: set[str] = frozenset()) -> dict[str, np.ndarray]:
+        """Each binary head's calibration_plot_sums in the slice, and the `micro` heads', where they
+        were summed."""
         sums = self.sums[key]
         return {head.name: sums[f"{head.name}/calibration_plot"] for head in self.heads
-                if f"{head.name}/calibration_plot" in sums}
+                if f"{head.name}/calibration_plot" in sums and (len(head.vocabulary) == 2 or head.name in micro)}
 
     def calibration_bins(self) -> dict[str, list[dict]]:
         out = {}
