@@ -306,7 +306,7 @@ def calibration_plot_sums(heads: list[Head], targets: dict[str, tf.Tensor], outp
         mask = tf.gather(tf.cast(losses[head.name][1], tf.float64), index["rows"])[:, None]
         segments = index["segments"][:, None] + tf.zeros([1, k], tf.int32)
         if k == 2:  # class 1
-            scores, labels, mask, segments = scores[:, 1:], labels[:, 1:], mask, segments[:, 1:]
+            scores, labels, segments = scores[:, 1:], labels[:, 1:], segments[:, 1:]
         probability = tf.reshape(scores, [-1])
         bucket = tf.clip_by_value(tf.cast(tf.floor(probability * AUC_BUCKETS), tf.int32) + 1, 0, AUC_BUCKETS + 1)
         weight = tf.reshape(mask + tf.zeros_like(scores), [-1])
