@@ -780,6 +780,11 @@ def test_tfma_s_default_multi_class_specs_micro_average_every_pair(tmp_path):
     assert sum(b.total_weighted_label.value for b in buckets) == 200
     key = metric_key(f"{LABEL}_recall_micro_average", [LABEL], "candidate")
     assert (key.name, key.output_name, key.aggregation_type.micro_average) == ("recall", LABEL, True)
+    import tensorflow_model_analysis as tfma  # TFMA's own loader reads them back
+    loaded = dict(tfma.load_eval_result(str(tmp_path / TFMA_FOLDER)).slicing_metrics)[()][LABEL][""]
+    aggregated = {name.split("\n_")[1]: value for name, value in loaded.items() if name.startswith("micro_average: true")}
+    assert aggregated["recall"]["doubleValue"] == pytest.approx(micro["recall"], abs=1e-12)  # TFMA's name for it
+    assert loaded["accuracy"]["doubleValue"] == pytest.approx(overall[f"{LABEL}_accuracy"], abs=1e-12)
 
     with pytest.raises(ValidationError, match="aggregate: macro_average is not computed"):
         EvaluatorConfig(metrics_specs=[{"metrics": [{"class_name": "AUC"}], "aggregate": {"macro_average": True}}])
