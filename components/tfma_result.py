@@ -145,9 +145,10 @@ def metrics_for_slice(entry: dict, heads: list[str], kinds: dict[str, str], comp
 def plots_for_slice(entry: dict, kinds: dict[str, str], calibration: dict[str, list[dict]]):
     """The slice's confusion matrices (TFMA's multi_class_confusion_matrix_plot, at threshold 0:
     the top class predicted), then, as TFMA's writer combines them in one plot without a name,
-    `entry`'s binary confusion matrices at thresholds (ConfusionMatrixPlot, where named) and, for
-    Overall, the calibration histograms (CalibrationPlot). tfma.load_eval_result keys plots by
-    output, so it shows an output's last one: the binary one."""
+    `entry`'s binary confusion matrices at thresholds (ConfusionMatrixPlot, where named) and
+    calibration histograms: in TFMA's buckets where CalibrationPlot is named (every slice), else
+    `calibration`'s bins (Overall). tfma.load_eval_result keys plots by output, so it shows an
+    output's last one: the binary one."""
     from tensorflow_model_analysis.proto import metrics_for_slice_pb2
 
     out = metrics_for_slice_pb2.PlotsForSlice(slice_key=slice_key(entry, kinds))

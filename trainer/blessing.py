@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from trainer.evaluation import (Describe, OpenSignature, eager_signature, evaluate_with_champion, example_batches,
                                 label_kinds, read_description)
 from trainer.evaluator_config import CALIBRATION_PLOT, EvaluatorConfig
-from trainer.heads import Head
+from trainer.heads import CLASSIFICATION, Head
 from trainer.metric_direction import higher_is_better
 from trainer.model_spec import preprocessed_labels
 from trainer.slice_gates import gate, public, slice_report
@@ -152,11 +152,21 @@ def evaluate_and_decide(candidate_dir: str, eval_pattern: str, champion_dir: str
     candidate, champion, problem = evaluate_with_champion(
         candidate_dir, None if mismatch else champion_dir, batches, open_signature, heads, theirs, source=eval_pattern,
         candidate_answers=candidate_answers, trivial=trivial, describe=describe,
-        slicer=slicer, slice_totals=totals, calibration_plot=config.names_plot(CALIBRATION_PLOT))
+        slicer=slicer, slice_totals=totals, calibration_plot=_calibration_plot_heads(config, heads))
     slices = slice_report(config, totals["candidate"], totals["champion"], slicer.kinds)
     if trivial is not None:
         floor.metrics, floor.gains = trivial.metrics(), trivial.gains()
     return decide(candidate, champion, config, champion_dir, mismatch or problem, thresholds_only_because, floor, slices)
+
+
+def _calibration_plot_heads(config: EvaluatorConfig, heads: list[Head]) -> frozenset[str]:
+    """The heads whose TFMA CalibrationPlot is summed per slice where a spec names it: each binary
+    head (class 1), and each multi-class head a spec micro-averages (its (row, class) pairs)."""
+    if not config.names_plot(CALIBRATION_PLOT):
+        return frozenset()
+    micro = config.micro_averaged([head.name for head in heads])
+    return frozenset(head.name for head in heads if head.kind == CLASSIFICATION
+                     and (len(head.vocabulary) == 2 or head.name in micro))
 
 
 def _trivial_model(heads, train_pattern: str | None, config: EvaluatorConfig, train_labels: dict,

@@ -123,11 +123,12 @@ class RunningEvaluation:
     close(). `heads`: its read_signature heads, when already read. `trivial`: a
     trainer.trivial.TrivialModel scored on the same batches, row by row beside this model.
     `sliced`: also sum its figures per slice (trainer.slicing), in `slices`, when add() is given
-    each batch's BatchSlices; `calibration_plot`: with them TFMA's calibration plot buckets."""
+    each batch's BatchSlices; `calibration_plot`: the heads summed with them in TFMA's calibration
+    plot buckets."""
 
     def __init__(self, saved_model_dir: str, open_signature: OpenSignature, heads: list[Head] | None = None,
                  trivial=None, describe: Describe = read_description, sliced: bool = False,
-                 calibration_plot: bool = False):
+                 calibration_plot: frozenset[str] = frozenset()):
         description = describe(saved_model_dir)
         self.heads = heads if heads is not None else [Head.from_json(h) for h in description["heads"]]
         spec = description.get("model_spec")  # a model loopline did not export (trainer.model_spec)
@@ -141,7 +142,7 @@ class RunningEvaluation:
         self._totals = HeadTotals(self.heads)
         self._trivial = trivial
         self.slices = SliceTotals(self.heads) if sliced else None
-        self._calibration_plot = calibration_plot
+        self._calibration_plot = [head for head in self.heads if head.name in calibration_plot]
         self._scores = None  # _batch_scores compiled, at the first batch
         # A foreign classifier's reading of its scores (scores_reading), by head: True for logits.
         self.logits: dict[str, bool] = {}
@@ -199,7 +200,7 @@ class RunningEvaluation:
         per_slice = segment_sums({**rows, **slice_row_values(self.heads, targets, outputs, losses)}, index)
         per_slice.update(auc_histograms(self.heads, targets, outputs, losses, index))
         if self._calibration_plot:
-            per_slice.update(calibration_plot_sums(self.heads, targets, outputs, losses, index))
+            per_slice.update(calibration_plot_sums(self._calibration_plot, targets, outputs, losses, index))
         return sums, trivial, per_slice, calibration_sums(self.heads, targets, outputs, losses)
 
     @property
@@ -262,7 +263,7 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
                            candidate_answers: Callable | None = None, trivial=None,
                            describe: Describe = read_description, slicer=None,
                            slice_totals: dict | None = None,
-                           calibration_plot: bool = False) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
+                           calibration_plot: frozenset[str] = frozenset()) -> tuple[dict[str, float], dict[str, float] | None, str | None]:
     """Candidate and champion on the same batches, in one pass over them: (candidate's metrics,
     champion's metrics or None, why the champion could not be evaluated or None). The candidate's
     failures raise; a champion that fails (to load, or on any batch) drops out with the reason, and
@@ -274,7 +275,7 @@ def evaluate_with_champion(candidate_dir: str, champion_dir: str | None, batches
     description is read (trainer.model_spec.describe_model also describes a TFX model).
     `slicer`: a trainer.slicing.Slicer; each batch's slices are found once and summed for both
     models, whose SliceTotals are left in `slice_totals` ("candidate", "champion": None when it
-    dropped out); `calibration_plot`: the candidate's with TFMA's calibration plot buckets."""
+    dropped out); `calibration_plot`: the candidate's heads summed in TFMA's calibration plot buckets."""
     sliced = slicer is not None
     with ExitStack() as stack:
         candidate = RunningEvaluation(candidate_dir, open_signature, candidate_heads, trivial, describe, sliced,

@@ -10,7 +10,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
 MISSING_LABEL = -1

@@ -28,7 +28,7 @@ def slice_report(config: EvaluatorConfig, candidate: SliceTotals, champion: Slic
                        "champion": champion.metrics(key, class_ids, figures, micro) if champion is not None and key in champion.sums else None,
                        "confusion": candidate.confusion(key), "gated": examples >= config.min_slice_size,
                        "_key": key, **({"_plot_counts": candidate.plot_counts(key, micro)} if curves else {}),
-                       **({"_calibration_plot": candidate.calibration_plot(key, micro)} if calibration else {})})
+                       **({"_calibration_plot": candidate.calibration_plot(key)} if calibration else {})})
     slices.sort(key=lambda s: (bool(s["_key"]), _spec_index(config, s["_key"]), s["slice"]))
     return {"slicing_specs": [s.model_dump() for s in config.slicing_specs], "min_slice_size": config.min_slice_size,
             "slices": slices, "calibration": candidate.calibration_bins(), "gates": [], "_kinds": dict(kinds or {}),

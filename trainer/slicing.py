@@ -627,12 +627,11 @@ class SliceTotals:
                 out[head.name] = plot_counts(histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0))
         return out
 
-    def calibration_plot(self, key: SliceKey, micro: set[str] = frozenset()) -> dict[str, np.ndarray]:
-        """Each binary head's calibration_plot_sums in the slice, and the `micro` heads', where they
-        were summed."""
+    def calibration_plot(self, key: SliceKey) -> dict[str, np.ndarray]:
+        """The calibration_plot_sums in the slice of the heads they were summed for."""
         sums = self.sums[key]
         return {head.name: sums[f"{head.name}/calibration_plot"] for head in self.heads
-                if f"{head.name}/calibration_plot" in sums and (len(head.vocabulary) == 2 or head.name in micro)}
+                if f"{head.name}/calibration_plot" in sums}
 
     def calibration_bins(self) -> dict[str, list[dict]]:
         out = {}
