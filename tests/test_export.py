@@ -295,9 +295,14 @@ def test_mixed_precision_model_exports_in_float32(trained, tmp_path):
     result = trained[0]
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
     try:
+        from trainer.linear_part import LinearFit
         from trainer.model import ModelContext, build_tabular_model
 
-        mixed = build_tabular_model(ModelContext(result.kinds, result.stats, result.heads))
+        # The trained model's linear part (trainer.linear_part), read back from its layers.
+        inputs = result.model.get_layer("linear_inputs")
+        part = LinearFit(inputs.width, inputs.log_columns, inputs.means, inputs.stds, inputs.log_means, inputs.log_stds,
+                         {h.name: tuple(result.model.get_layer(f"{h.name}_linear").get_weights()) for h in result.heads})
+        mixed = build_tabular_model(ModelContext(result.kinds, result.stats, result.heads, linear=part))
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
     assert mixed.get_layer("hidden_0").compute_dtype == "bfloat16"

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from serving.signature_names import signature_name, signature_names_of
-from trainer import handover, holdout, optimization
+from trainer import handover, holdout, linear_part, optimization
 from trainer.checkpoints import Checkpoints
 from trainer.config import TrainerConfig
 from trainer.features import (FeatureKinds, FeatureStats, compute_stats, feature_shape, infer_feature_kinds, is_number,
@@ -207,9 +207,25 @@ def _read_data(config, train_pattern, label, kinds, label_kind, max_classes, col
                           categorical=config.categorical_features)
     heads = [make_head(name, all_kinds[name], stats, label_heads[name], max_classes) for name in labels]
     inputs = {k: v for k, v in all_kinds.items() if k not in labels}
+    ctx = ModelContext(inputs, stats, heads, hparams=dict(config.hparams))
+    if config.linear_part and _generic(module):
+        ctx.linear = _linear_part(ctx, columns)
     return {"all_kinds": all_kinds, "module": module, "columns": columns, "validation": validation, "stats": stats, "heads": heads,
-            "ctx": ModelContext(inputs, stats, heads, hparams=dict(config.hparams)), "metric": metric, "patience": patience, "held_out": held_out,
+            "ctx": ctx, "metric": metric, "patience": patience, "held_out": held_out,
             "handed": handed}
+
+
+def _generic(module) -> bool:
+    """The generic tabular model: no module, or one that builds no model."""
+    return getattr(module, "build_model", None) is None and getattr(module, "build_models", None) is None
+
+
+def _linear_part(ctx: ModelContext, columns) -> linear_part.LinearFit | None:
+    """trainer.linear_part: fitted on the training rows held in memory; a streamed split has none."""
+    if columns is None:
+        log.info("generic model: no linear part (trainer.linear_part): the train split is streamed, not held in memory")
+        return None
+    return linear_part.fit(ctx.encoder().encoder, columns, ctx.heads)
 
 
 def _check_categorical(names: list[str], kinds: FeatureKinds, labels: list[str]) -> None:
@@ -239,8 +255,7 @@ def _training_batches(train_pattern: str, all_kinds: FeatureKinds, columns, hand
 def _selection_settings(config: TrainerConfig, module, labels: list[str], label: str) -> tuple[str | None, int | None]:
     """(the metric that selects the exported weights, early stopping's patience); the metric is
     None when nothing uses it (restore_best off and no early stopping)."""
-    generic = getattr(module, "build_model", None) is None and getattr(module, "build_models", None) is None
-    patience = resolve_patience(config.early_stopping_patience, config.early_stopping_metric, generic)
+    patience = resolve_patience(config.early_stopping_patience, config.early_stopping_metric, _generic(module))
     metric = resolve_metric(config.early_stopping_metric, [signature_name(name) for name in labels], label)
     return (metric if config.restore_best or patience is not None else None), patience
 

@@ -131,6 +131,13 @@ class TrainerConfig(Section):
         "standardizing them. Whole numbers only; a value the train split lacks encodes as unseen. A Transform's "
         "outputs that its schema marks categorical (tft vocabularies, buckets, hashes) are added.",
     )
+    linear_part: bool = Field(
+        True, description="The generic tabular model only: a linear model on its encoded features (and the log of "
+        "skewed positive numbers), fitted exactly on the trained rows before the loop (scikit-learn's "
+        "LogisticRegression or Ridge, C=0.1, on at most 200,000 rows) and frozen; the network adds to its "
+        "logits from an output layer that starts at zero. Needs the train split held in memory "
+        "(trainer.input.in_memory_mb); false: the network alone.",
+    )
     hparams: dict[str, Any] = Field(
         default_factory=dict, description="Model hyperparameters, given to a module's build_model as ctx.hparams; "
         "the generic tabular model reads units (64), layers (2), l2 (0.001) and dropout (0.0). A Tuner step's best "

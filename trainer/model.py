@@ -46,7 +46,9 @@ import tensorflow as tf
 from trainer.features import (ColumnEmbeddings, FeatureKinds, FeatureStats, TabularEncoder, feature_shape, is_number,
                               is_scalar)
 from serving.signature_names import signature_name
+from trainer import linear_part
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
+from trainer.linear_part import LinearFit
 
 log = logging.getLogger("loopline.trainer")
 
@@ -62,6 +64,8 @@ class ModelContext:
     # Per-optimizer learning-rate schedules (trainer.optimizers.<name> over the trainer's keys),
     # keyed like the models build_models returns; build_optimizers may use them.
     learning_rates: dict = field(default_factory=dict)
+    # The generic model's linear part, fitted before the model is built (trainer/linear_part.py).
+    linear: LinearFit | None = None
 
     def inputs(self) -> dict[str, keras.KerasTensor]:
         """One input per feature, keyed (and named) by its signature_name."""
@@ -109,13 +113,18 @@ def build_tabular_model(ctx: ModelContext, hidden_units=None) -> keras.Model:
     """`hidden_units` (a tuple of widths) wins over ctx.hparams' `units` x `layers`."""
     hp = {**GENERIC_HPARAMS, **ctx.hparams}
     inputs = ctx.inputs()
-    x = ctx.encoder()(inputs)
+    x = encoded = ctx.encoder()(inputs)
     for i, units in enumerate(hidden_units or (int(hp["units"]),) * int(hp["layers"])):
         x = keras.layers.Dense(units, activation="relu", kernel_regularizer=keras.regularizers.L2(float(hp["l2"])),
                                name=f"hidden_{i}")(x)
         if float(hp["dropout"]) > 0:
             x = keras.layers.Dropout(float(hp["dropout"]), name=f"dropout_{i}")(x)
-    outputs = {head.name: head.output_layer(x) for head in ctx.heads}
+    part = ctx.linear
+    if part is None:
+        return keras.Model(inputs, {head.name: head.output_layer(x) for head in ctx.heads}, name="tabular")
+    linear_inputs = linear_part.inputs_of(part)(encoded)
+    outputs = {head.name: linear_part.head_output(head, x, linear_inputs, part) if head.name in part.weights
+               else head.output_layer(x) for head in ctx.heads}
     return keras.Model(inputs, outputs, name="tabular")
 
 
