@@ -27,7 +27,8 @@ def _table(folder, label: str, rows: int = 400, seed: int = 7) -> tuple[str, str
         score = np.log(income) - 3.0 + 0.05 * (age - 40.0) + (city == "north") + rng.normal(0, 0.5, n)
         income[rng.random(n) < 0.1] = np.nan
         data = {"income": income, "age": age, "city": city,
-                label: (score * 10).astype(np.float32) if label == "amount" else np.where(score > 0.3, "yes", "no").astype(object)}
+                label: (score * 10).astype(np.float32) if label == "amount"
+                else np.where(score > 0.3, "yes", "no").astype(object)}
         (folder / split).mkdir(parents=True, exist_ok=True)
         paths.append(write_examples(folder / split / "data.gz", data))
         if split == "train":

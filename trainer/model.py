@@ -48,7 +48,6 @@ from trainer.features import (ColumnEmbeddings, FeatureKinds, FeatureStats, Tabu
 from serving.signature_names import signature_name
 from trainer import linear_part
 from trainer.heads import CLASSIFICATION, REGRESSION, Head
-from trainer.linear_part import LinearFit
 
 log = logging.getLogger("loopline.trainer")
 
@@ -65,7 +64,7 @@ class ModelContext:
     # keyed like the models build_models returns; build_optimizers may use them.
     learning_rates: dict = field(default_factory=dict)
     # The generic model's linear part, fitted before the model is built (trainer/linear_part.py).
-    linear: LinearFit | None = None
+    linear: linear_part.LinearFit | None = None
 
     def inputs(self) -> dict[str, keras.KerasTensor]:
         """One input per feature, keyed (and named) by its signature_name."""
