@@ -393,17 +393,16 @@ def markdown_table(result: dict) -> str:
 
 
 def markdown(runs: list[dict]) -> str:
-    """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off) and,
-    when kept, the first full run labelled "before". Runs of fewer seeds, with the Tuner on, on
-    another split or with QUALITY_SET keys are kept in the results only."""
+    """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off), the
+    full run before it and, when kept, the first full run labelled "before". Runs of fewer seeds,
+    with the Tuner on, on another split or with QUALITY_SET keys are kept in the results only."""
     full = [r for r in runs if r.get("tables_measured", 0) >= 7 and len(r.get("seeds", [])) >= 5 and not r.get("tuner")
             and not r.get("set") and r.get("split_seed", SPLIT_SEED) == SPLIT_SEED]
     out = []
     before = [r for r in full if r.get("label", "").startswith("before")]
-    if full:
-        out += [f"### {full[-1].get('label') or 'Latest run'} ({full[-1]['date']} UTC)", "", markdown_table(full[-1])]
-    if before and before[0] is not full[-1]:
-        out += [f"### {before[0]['label']} ({before[0]['date']} UTC)", "", markdown_table(before[0])]
+    shown = full[-2:][::-1] + [run for run in before[:1] if run not in full[-2:]]
+    for run in shown:
+        out += [f"### {run.get('label') or 'Latest run'} ({run['date']} UTC)", "", markdown_table(run)]
     return "\n".join(out)
 
 
