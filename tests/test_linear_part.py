@@ -137,3 +137,21 @@ def test_a_resumed_run_continues_exactly(table, tmp_path):
     assert resumed.exported == straight.exported and resumed.steps == straight.steps
     for a, b in zip(straight.model.get_weights(), resumed.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_wide_rows_are_fitted_on_fewer(monkeypatch, caplog):
+    """Rows x encoded columns stay under MAX_VALUES: here 2 columns (x and its missing indicator)."""
+    import tensorflow as tf
+
+    from trainer.features import TabularEncoder
+    from trainer.heads import CLASSIFICATION, Head
+
+    x = np.random.default_rng(1).normal(size=(1000, 1)).astype(np.float32)
+    columns = {"x": tf.constant(x), "y": tf.constant(np.where(x > 0, "b", "a").astype(object).astype(bytes))}
+    head = Head("y", CLASSIFICATION, vocabulary=["a", "b"], label_dtype="string")
+    monkeypatch.setattr(linear_part, "MAX_VALUES", 600)
+    caplog.set_level("INFO", logger="loopline.trainer")
+    part = linear_part.fit(TabularEncoder({"x": (0.0, 1.0)}, {}), columns, [head])
+    assert "fitted on 300 trained rows" in caplog.text
+    kernel, _ = part.weights["y"]
+    assert kernel[0, 1] > 1 and not kernel[:, 0].any()  # class b's logit grows with x

@@ -28,6 +28,9 @@ from trainer.heads import CLASSIFICATION, Head
 log = logging.getLogger("loopline.trainer")
 
 MAX_ROWS = 200_000  # the trained rows it is fitted on at most (the first ones): a few seconds
+# And at most this many encoded values (rows x the encoder's columns, 160 MB in float64): a table of
+# wide rows (an image's pixels) is fitted on fewer rows.
+MAX_VALUES = 20_000_000
 # scikit-learn's C (Ridge's alpha is 1 / C): ten times the baselines' penalty. At C = 1 the linear
 # part fits a table like digits so confidently that the network's gradients find little to add
 # (0.970 there on 3 seeds, the linear model's figure; the network alone reached 0.980); at 0.1, 0.981.
@@ -80,10 +83,12 @@ def inputs_of(fit: LinearFit) -> LinearInputs:
 
 
 def fit(encoder, columns: dict[str, tf.Tensor], heads: list[Head]) -> LinearFit | None:
-    """The linear part fitted on the held training `columns` (at most MAX_ROWS of them): the
-    encoder's output, its log columns, a model per head; None (logged) when no head can be fitted."""
-    rows = min(int(tf.shape(next(iter(columns.values())))[0]), MAX_ROWS)
+    """The linear part fitted on the held training `columns` (at most MAX_ROWS of them, fewer for
+    wide rows: MAX_VALUES): the encoder's output, its log columns, a model per head; None (logged)
+    when no head can be fitted."""
     names = {*encoder.numbers, *encoder.strings, *encoder.lookups}
+    width = int(encoder({name: columns[name][:1] for name in names}).shape[1])
+    rows = min(int(tf.shape(next(iter(columns.values())))[0]), MAX_ROWS, max(MAX_VALUES // width, 1))
     features = {name: columns[name][:rows] for name in names}
     encoded = np.concatenate([encoder(batch).numpy() for batch in _batches(features, rows)])
     width = encoded.shape[1] - len(encoder.lookups)  # each lookup is one index column, last
