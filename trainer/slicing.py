@@ -533,6 +533,12 @@ def class_figures(head: str, histogram: np.ndarray, class_ids: list[int],
     return out
 
 
+def pair_histogram(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A multi-class head's (negatives, positives) per bucket over every (row, class) pair: its
+    per-class histograms ([classes, buckets, 2]) summed over the classes."""
+    return histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0)
+
+
 def micro_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSION_FIGURES) -> dict[str, float]:
     """A multi-class head's figures over every (row, class) pair, TFMA's micro_average: each class's
     probability against whether the row is of the class, from the per-class histograms summed over
@@ -540,7 +546,7 @@ def micro_figures(head: str, sums: dict[str, np.ndarray], figures=ALWAYS_CONFUSI
     histogram = sums.get(f"{head}/auc_histogram")
     if histogram is None or len(histogram) < 3:
         return {}
-    negatives, positives = histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0)
+    negatives, positives = pair_histogram(histogram)
     pairs, labels = float(negatives.sum() + positives.sum()), float(positives.sum())
     tp, fp, fn, tn = (float(counts[AUC_BUCKETS // 2]) for counts in threshold_counts(negatives, positives))
     prediction = float(sums[f"{head}/pair_prediction"])
@@ -624,7 +630,7 @@ class SliceTotals:
             if histogram is not None and len(histogram) == 2:
                 out[head.name] = plot_counts(histogram[1, :, 0], histogram[1, :, 1])
             elif histogram is not None and head.name in micro:
-                out[head.name] = plot_counts(histogram[:, :, 0].sum(axis=0), histogram[:, :, 1].sum(axis=0))
+                out[head.name] = plot_counts(*pair_histogram(histogram))
         return out
 
     def calibration_plot(self, key: SliceKey) -> dict[str, np.ndarray]:
