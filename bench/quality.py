@@ -298,9 +298,9 @@ def _loopline_run(table: Table, seed: int, root: Path) -> dict:
     }
 
 
-def _gap(table: Table, loopline: float, best: float, eval_rows: int) -> dict:
+def _gap(task: str, loopline: float, best: float, eval_rows: int) -> dict:
     """How far loopline is behind the best baseline (negative: ahead), and the allowed gap."""
-    if table.task == "classification":
+    if task == "classification":
         behind, allowed = best - loopline, max(ACCURACY_SLACK, 1.0 / eval_rows)
         relative = (loopline - best) / best
     else:
@@ -330,7 +330,7 @@ def measure_table(table: Table, seeds: list[int], work: Path) -> dict:
         "csv_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in (table.train, table.eval)},
         "loopline": mean, "loopline_std": round(float(np.std(scored)), 4),
         "loopline_runs": runs, "baselines": scores, "best_baseline": best,
-        "gap": _gap(table, mean, scores[best], eval_rows), "trivial": trivial_floor(table),
+        "gap": _gap(table.task, mean, scores[best], eval_rows), "trivial": trivial_floor(table),
     }
     print(f"quality {table.name}: loopline {table.metric} {mean} (seeds {scored}, "
           f"epochs {[r.get('exported_epoch') for r in runs]}); baselines {scores}; gap {result['gap']}", flush=True)
@@ -392,9 +392,72 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 4)
+
+
+SPLITS = range(5)  # the splits the summary across splits needs, each with a full run at the defaults
+
+
+def _defaults_on_every_table(run: dict) -> bool:
+    """A run of the defaults (no Tuner, no QUALITY_SET keys) on all seven tables with at least 3 seeds."""
+    return (run.get("tables_measured", 0) >= 7 and len(run.get("seeds", [])) >= 3 and not run.get("tuner")
+            and not run.get("set") and not run.get("tables_failed"))
+
+
+def across_splits(runs: list[dict]) -> dict | None:
+    """Per table, loopline's and each baseline's mean over SPLITS (each split's latest run of the
+    defaults on every table), the gap between those means and the target on it; None until every
+    split has such a run. One split's eval rows are few (171 for breast cancer, a row is 0.6
+    points), so the mean over five draws of eval rows tells a model's gap from the draw's."""
+    latest = {}
+    for run in runs:
+        if _defaults_on_every_table(run):
+            latest[run.get("split_seed", SPLIT_SEED)] = run
+    if any(split not in latest for split in SPLITS):
+        return None
+    picked = [latest[split] for split in SPLITS]
+    tables = {}
+    for name, first in picked[0]["tables"].items():
+        entries = [run["tables"][name] for run in picked]
+        loopline = _mean([e["loopline"] for e in entries])
+        scores = {b: _mean([e["baselines"][b] for e in entries]) for b in first["baselines"]}
+        higher = first["task"] == "classification"
+        best = max(scores, key=lambda k: scores[k] if higher else -scores[k])
+        eval_rows = min(e["eval_rows"] for e in entries)
+        tables[name] = {"metric": first["metric"], "per_split": [e["loopline"] for e in entries], "loopline": loopline,
+                        "baselines": scores, "best_baseline": best,
+                        "gap": _gap(first["task"], loopline, scores[best], eval_rows)}
+    gaps = [t["gap"]["relative_advantage"] for t in tables.values()]
+    return {"tables": tables, "runs": [{"split_seed": split, "commit": short_commit(run.get("commit")),
+                                        "seeds": len(run["seeds"]), "date": run.get("date")}
+                                       for split, run in zip(SPLITS, picked)],
+            "tables_within_target": sum(t["gap"]["met"] for t in tables.values()), "tables_measured": len(tables),
+            "mean_relative_advantage_over_best_baseline": round(sum(gaps) / len(gaps), 4)}
+
+
+def markdown_across_splits(summary: dict) -> str:
+    """`across_splits` as a table: loopline per split (mean of its seeds), the means over splits."""
+    lines = ["| table | metric | loopline per split (0-4) | loopline, mean | LogisticRegression / Ridge, mean | "
+             "HistGradientBoosting, mean | behind the best |",
+             "|---|---|---|---|---|---|---|"]
+    for name, entry in summary["tables"].items():
+        metric, scores = entry["metric"], entry["baselines"]
+        per_split = ", ".join(_cell(metric, value) for value in entry["per_split"])
+        lines.append(f"| {name} | {metric} | {per_split} | {_cell(metric, entry['loopline'])} | "
+                     f"{_cell(metric, scores['linear'])} | {_cell(metric, scores['hist_gradient_boosting'])} | "
+                     f"{_behind(entry)} |")
+    runs = "; ".join(f"split {r['split_seed']}: commit {r['commit']}, {r['seeds']} seeds" for r in summary["runs"])
+    advantage = summary["mean_relative_advantage_over_best_baseline"]
+    lines += ["", f"{summary['tables_within_target']} of {summary['tables_measured']} tables within the target on the "
+              f"means over the splits; mean relative advantage over the best baseline {advantage * 100:+.1f}% ({runs})."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(runs: list[dict]) -> str:
     """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off), the
-    full run before it and, when kept, the first full run labelled "before". Runs of fewer seeds,
+    full run before it and, when kept, the first full run labelled "before"; then, once every split
+    has a run at the defaults, the means over the splits (`across_splits`). Runs of fewer seeds,
     with the Tuner on, on another split or with QUALITY_SET keys are kept in the results only."""
     full = [r for r in runs if r.get("tables_measured", 0) >= 7 and len(r.get("seeds", [])) >= 5 and not r.get("tuner")
             and not r.get("set") and r.get("split_seed", SPLIT_SEED) == SPLIT_SEED]
@@ -403,6 +466,10 @@ def markdown(runs: list[dict]) -> str:
     shown = full[-2:][::-1] + [run for run in before[:1] if run not in full[-2:]]
     for run in shown:
         out += [f"### {run.get('label') or 'Latest run'} ({run['date']} UTC)", "", markdown_table(run)]
+    summary = across_splits(runs)
+    if summary:
+        out += ["### Across five splits: the means over splits 0-4 of each split's latest run at the defaults", "",
+                markdown_across_splits(summary)]
     return "\n".join(out)
 
 

@@ -38,3 +38,37 @@ def test_one_table_end_to_end(tmp_path):
     assert evaluator_floor == pytest.approx(entry["trivial"]["log_loss"], rel=1e-3)
     assert run["accuracy"] > entry["trivial"]["majority_accuracy"] + 0.3
     assert entry["gap"]["allowed"] == pytest.approx(1 / 54, abs=1e-4)  # one eval example is more than a point
+
+
+def _run(split: int, ours: float, boosted: float, **keys) -> dict:
+    """A full run's shape with one accuracy table and one RMSE table (ours 50.0 vs Ridge's 49.0)."""
+    tables = {"cancer": {"task": "classification", "metric": "accuracy", "label": "y", "eval_rows": 171,
+                         "loopline": ours, "baselines": {"linear": 0.9, "hist_gradient_boosting": boosted}},
+              "sugar": {"task": "regression", "metric": "rmse", "label": "z", "eval_rows": 133, "loopline": 50.0,
+                        "baselines": {"linear": 49.0, "hist_gradient_boosting": 60.0}}}
+    return {"split_seed": split, "seeds": [0, 1, 2], "tables_measured": 7, "tables": tables, "tuner": [], "set": [],
+            "commit": "abc1234", "date": "2026-12-08 00:00", **keys}
+
+
+def test_across_splits_gaps_the_means_of_each_splits_latest_run_at_the_defaults():
+    """Split 0 alone misses by 2 points; over five splits the means are 0.9 points apart (within).
+    A later run replaces a split's earlier one; Tuner and QUALITY_SET runs do not count."""
+    ours = [0.951, 0.961, 0.961, 0.969, 0.945]
+    boosted = [0.971, 0.965, 0.965, 0.965, 0.965]
+    runs = [_run(split, ours[split], boosted[split]) for split in range(4)]
+    assert quality.across_splits(runs) is None  # split 4 has no run yet
+    runs += [_run(4, 0.5, 0.965, tuner=["tuner.enabled=true"]), _run(4, 0.5, 0.965, set=["trainer.epochs=1"])]
+    assert quality.across_splits(runs) is None
+    runs += [_run(4, 0.5, 0.965), _run(4, ours[4], boosted[4])]
+    summary = quality.across_splits(runs)
+    cancer = summary["tables"]["cancer"]
+    assert cancer["per_split"] == ours and cancer["loopline"] == pytest.approx(0.9574)
+    assert cancer["best_baseline"] == "hist_gradient_boosting" and cancer["baselines"]["hist_gradient_boosting"] == 0.9662
+    assert cancer["gap"]["behind"] == pytest.approx(0.0088) and cancer["gap"]["met"]
+    sugar = summary["tables"]["sugar"]
+    assert sugar["best_baseline"] == "linear" and sugar["gap"]["behind"] == pytest.approx(50 / 49 - 1, abs=1e-4)
+    assert summary["tables_within_target"] == 2 and len(summary["runs"]) == 5
+    runs.append(_run(0, 0.90, 0.971))  # split 0 measured again, worse: its latest run counts
+    summary = quality.across_splits(runs)
+    assert summary["tables"]["cancer"]["per_split"][0] == 0.90 and not summary["tables"]["cancer"]["gap"]["met"]
+    assert "0.900, 0.961, 0.961, 0.969, 0.945" in quality.markdown_across_splits(summary)
