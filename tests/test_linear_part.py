@@ -2,6 +2,7 @@
 encoded features and the log of the skewed ones, fitted on the trained rows, frozen through training."""
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression, Ridge
@@ -155,3 +156,63 @@ def test_wide_rows_are_fitted_on_fewer(monkeypatch, caplog):
     assert "fitted on 300 trained rows" in caplog.text
     kernel, _ = part.weights["y"]
     assert kernel[0, 1] > 1 and not kernel[:, 0].any()  # class b's logit grows with x
+
+
+def _shops(folder, rows: int = 600, seed: int = 3) -> tuple[str, str, dict]:
+    """x (normal) and shop, a text column of 60 values (over MAX_ONE_HOT: a lookup the network
+    embeds) whose own effect moves the label; the eval split has shops the train split lacks."""
+    rng = np.random.default_rng(seed)
+    effect = dict(zip([f"shop{i}" for i in range(70)], rng.normal(0, 1.5, 70)))
+    paths, columns = [], {}
+    for split, n, shops in (("train", rows, 60), ("eval", rows // 3, 70)):
+        x = rng.normal(0, 1, n).astype(np.float32)
+        shop = rng.choice([f"shop{i}" for i in range(shops)], n).astype(object)
+        score = x + np.array([effect[s] for s in shop]) + rng.normal(0, 0.5, n)
+        data = {"x": x, "shop": shop, "label": np.where(score > 0, "yes", "no").astype(object)}
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        paths.append(write_examples(folder / split / "data.gz", data))
+        columns = columns or data
+    return paths[0], paths[1], columns
+
+
+@pytest.fixture(scope="module")
+def shops(tmp_path_factory):
+    train_path, eval_path, data = _shops(tmp_path_factory.mktemp("shops"))
+    return train_path, eval_path, data, train(TrainerConfig(epochs=2, seed=1, validation_fraction=0.0), train_path,
+                                              eval_path, "label")
+
+
+def test_a_text_column_of_many_values_is_one_hot_in_the_fit(shops):
+    """As scikit-learn's OneHotEncoder(handle_unknown="ignore") beside the numbers: the frozen
+    table's rows are the fit's coefficients of each value, an unseen value's row is zero."""
+    _, _, data, result = shops
+    vocabulary = result.stats.lookups["shop"]
+    assert len(vocabulary) == 60 and "shop" not in result.stats.strings  # looked up, not one-hot in the encoder
+    mean, std = result.stats.numbers["x"]
+    one_hot = (data["shop"][:, None] == np.array(vocabulary)[None, :]) * linear_part.ONE_HOT_SCALE
+    matrix = np.column_stack([(data["x"] - mean) / std, np.zeros(len(data["x"])), one_hot])
+    expected = LogisticRegression(C=linear_part.PENALTY, max_iter=1000).fit(matrix, data["label"] == "yes")
+    yes = result.heads[0].vocabulary.index("yes")
+    lookups = result.model.get_layer("label_linear_lookups")
+    assert not lookups.trainable and not any(v is lookups.table for v in result.model.trainable_variables)
+    table = lookups.get_weights()[0]
+    assert table.shape == (61, 2) and not table[0].any()  # row 0: a missing or unseen shop adds nothing
+    np.testing.assert_allclose(table[1:, yes] / linear_part.ONE_HOT_SCALE, expected.coef_[0][2:], atol=2e-3)
+    kernel, bias = result.model.get_layer("label_linear").get_weights()
+    np.testing.assert_allclose(kernel[:, yes], expected.coef_[0][:2], atol=2e-3)
+    np.testing.assert_allclose(bias[yes], expected.intercept_[0], atol=2e-3)
+    assert np.ptp(table[1:, yes]) > 1  # the shops' effects are in the linear part
+    # The model reads each row's shop's row: the rows of an unseen shop (the eval split's last ten) read zero.
+    rows = {"x": np.zeros((4, 1), np.float32), "shop": np.array([["shop0"], ["shop59"], ["shop65"], [""]], object)}
+    reads = keras.Model(result.model.inputs, lookups.output)(rows).numpy()
+    index = {value: i + 1 for i, value in enumerate(vocabulary)}
+    np.testing.assert_allclose(reads[:2], table[[index["shop0"], index["shop59"]]], atol=1e-6)
+    assert not reads[2:].any()
+
+
+def test_the_lookup_logits_convert_to_tflite_with_parity(shops, tmp_path):
+    train_path, eval_path, _, result = shops
+    config = ExportConfig(tflite_variants=["float32"], latency_runs=2)
+    report = export_model(result.model, result.kinds, result.heads, result.metrics, str(tmp_path / "serving"),
+                          str(tmp_path), train_path, eval_path, config, exported=result.exported)
+    assert [(v["variant"], v["passed"]) for v in report["tflite"]] == [("float32", True)], report["tflite"]

@@ -92,11 +92,14 @@ class Encoding:
         self.encoder = encoder
 
     def __call__(self, inputs):
-        x = self.encoder(inputs)
+        return self.embed(self.encoder(inputs))
+
+    def embed(self, encoded):
+        """The encoder's output with its lookup indices embedded (ColumnEmbeddings), if it has any."""
         if not self.encoder.lookups:
-            return x
+            return encoded
         sizes = [len(vocabulary) for vocabulary in self.encoder.lookups.values()]
-        return ColumnEmbeddings(sizes, name="embeddings")(x)
+        return ColumnEmbeddings(sizes, name="embeddings")(encoded)
 
 
 # The generic model's defaults, measured against scikit-learn's by `make bench BENCH=quality`
@@ -112,7 +115,9 @@ def build_tabular_model(ctx: ModelContext, hidden_units=None) -> keras.Model:
     """`hidden_units` (a tuple of widths) wins over ctx.hparams' `units` x `layers`."""
     hp = {**GENERIC_HPARAMS, **ctx.hparams}
     inputs = ctx.inputs()
-    x = encoded = ctx.encoder()(inputs)
+    encoding = ctx.encoder()
+    encoded = encoding.encoder(inputs)  # the linear part reads the lookups' indices, the network their embeddings
+    x = encoding.embed(encoded)
     for i, units in enumerate(hidden_units or (int(hp["units"]),) * int(hp["layers"])):
         x = keras.layers.Dense(units, activation="relu", kernel_regularizer=keras.regularizers.L2(float(hp["l2"])),
                                name=f"hidden_{i}")(x)
@@ -122,7 +127,7 @@ def build_tabular_model(ctx: ModelContext, hidden_units=None) -> keras.Model:
     if part is None:
         return keras.Model(inputs, {head.name: head.output_layer(x) for head in ctx.heads}, name="tabular")
     linear_inputs = linear_part.inputs_of(part)(encoded)
-    outputs = {head.name: linear_part.head_output(head, x, linear_inputs, part) if head.name in part.weights
+    outputs = {head.name: linear_part.head_output(head, x, encoded, linear_inputs, part) if head.name in part.weights
                else head.output_layer(x) for head in ctx.heads}
     return keras.Model(inputs, outputs, name="tabular")
 
