@@ -22,9 +22,10 @@ class priors of the train CSV, or its label mean, scored on the eval CSV). Targe
 behind the best baseline by more than max(1 accuracy point, one eval example), or 5% RMSE.
 
 `QUALITY_TABLES=wine,diabetes` and `QUALITY_SEEDS=2` pick fewer; `BENCH_LABEL` names the run.
-`QUALITY_SPLIT_SEED=3` splits every table another way (recorded as `split_seed`; the docs show
-split 0 only): one split's eval rows are few (171 for breast cancer, one row 0.6 points), so a gap
-on one split is told from chance by repeating it on others.
+`QUALITY_SPLIT_SEED=3` splits every table another way (recorded as `split_seed`; the docs' tables
+are split 0's, and `across_splits` the means over splits 0-4): one split's eval rows are few (171
+for breast cancer, one row 0.6 points), so a gap on one split is told from chance by repeating it
+on others.
 `QUALITY_TUNER=1` turns the Tuner step on (TUNER_OVERRIDES: loopline's search over the generic
 model's keys, QUALITY_TUNER_TRIALS trials, default 8); each run then records the search's seconds.
 `QUALITY_SET="trainer.ema_decay=0.99;trainer.hparams.l2=0.01"` adds config keys to every loopline

@@ -49,7 +49,7 @@ ONE_HOT_SCALE = (1.0 / PENALTY) ** 0.5
 class LinearFit:
     """What `fit` found: the inputs' layout and each head's kernel and bias (by head name)."""
 
-    width: int  # the encoder's columns read (the lookup indices after them are not)
+    width: int  # the encoder's columns LinearInputs reads (the lookup indices after them: LinearLookups)
     log_columns: list[int] = field(default_factory=list)  # encoder columns (z-scores) whose log is added
     means: list[float] = field(default_factory=list)  # to undo the z-score: x = z * std + mean
     stds: list[float] = field(default_factory=list)
