@@ -133,7 +133,7 @@ class TrainerConfig(Section):
     )
     linear_part: bool = Field(
         True, description="The generic tabular model only: a linear model on its encoded features (and the log of "
-        "skewed positive numbers), fitted exactly on the trained rows before the loop (scikit-learn's "
+        "skewed positive numbers, and text columns of many values one-hot), fitted exactly on the trained rows before the loop (scikit-learn's "
         "LogisticRegression or Ridge, C=0.1, on at most 200,000 rows and 20 million encoded values) and frozen; the network adds to its "
         "logits from an output layer that starts at zero. Needs the train split held in memory "
         "(trainer.input.in_memory_mb); false: the network alone.",
