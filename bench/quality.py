@@ -400,20 +400,22 @@ def _mean(values: list[float]) -> float:
 SPLITS = range(5)  # the splits the summary across splits needs, each with a full run at the defaults
 
 
-def _defaults_on_every_table(run: dict) -> bool:
-    """A run of the defaults (no Tuner, no QUALITY_SET keys) on all seven tables with at least 3 seeds."""
-    return (run.get("tables_measured", 0) >= 7 and len(run.get("seeds", [])) >= 3 and not run.get("tuner")
-            and not run.get("set") and not run.get("tables_failed"))
+def _on_every_table(run: dict, tuner: bool) -> bool:
+    """A run on all seven tables without QUALITY_SET keys: at the defaults with at least 3 seeds,
+    or (`tuner`) with the Tuner on and at least 2 (each of its runs is a search)."""
+    return (run.get("tables_measured", 0) >= 7 and len(run.get("seeds", [])) >= (2 if tuner else 3)
+            and bool(run.get("tuner")) == tuner and not run.get("set") and not run.get("tables_failed"))
 
 
-def across_splits(runs: list[dict]) -> dict | None:
-    """Per table, loopline's and each baseline's mean over SPLITS (each split's latest run of the
-    defaults on every table), the gap between those means and the target on it; None until every
-    split has such a run. One split's eval rows are few (171 for breast cancer, a row is 0.6
-    points), so the mean over five draws of eval rows tells a model's gap from the draw's."""
+def across_splits(runs: list[dict], tuner: bool = False) -> dict | None:
+    """Per table, loopline's and each baseline's mean over SPLITS (each split's latest run at the
+    defaults on every table, or with the Tuner on: `tuner`), the gap between those means and the
+    target on it; None until every split has such a run. One split's eval rows are few (171 for
+    breast cancer, a row is 0.6 points), so the mean over five draws of eval rows tells a model's
+    gap from the draw's."""
     latest = {}
     for run in runs:
-        if _defaults_on_every_table(run):
+        if _on_every_table(run, tuner):
             latest[run.get("split_seed", SPLIT_SEED)] = run
     if any(split not in latest for split in SPLITS):
         return None
@@ -458,8 +460,9 @@ def markdown_across_splits(summary: dict) -> str:
 def markdown(runs: list[dict]) -> str:
     """The docs' tables: the latest full run (every table, the default 5 seeds, the Tuner off), the
     full run before it and, when kept, the first full run labelled "before"; then, once every split
-    has a run at the defaults, the means over the splits (`across_splits`). Runs of fewer seeds,
-    with the Tuner on, on another split or with QUALITY_SET keys are kept in the results only."""
+    has a run at the defaults (and with the Tuner on), the means over the splits (`across_splits`).
+    Other runs of fewer seeds, with the Tuner on, on another split or with QUALITY_SET keys are kept
+    in the results only."""
     full = [r for r in runs if r.get("tables_measured", 0) >= 7 and len(r.get("seeds", [])) >= 5 and not r.get("tuner")
             and not r.get("set") and r.get("split_seed", SPLIT_SEED) == SPLIT_SEED]
     out = []
@@ -467,10 +470,11 @@ def markdown(runs: list[dict]) -> str:
     shown = full[-2:][::-1] + [run for run in before[:1] if run not in full[-2:]]
     for run in shown:
         out += [f"### {run.get('label') or 'Latest run'} ({run['date']} UTC)", "", markdown_table(run)]
-    summary = across_splits(runs)
-    if summary:
-        out += ["### Across five splits: the means over splits 0-4 of each split's latest run at the defaults", "",
-                markdown_across_splits(summary)]
+    for tuner, title in ((False, "at the defaults"), (True, "with the Tuner on")):
+        summary = across_splits(runs, tuner)
+        if summary:
+            out += [f"### Across five splits: the means over splits 0-4 of each split's latest run {title}", "",
+                    markdown_across_splits(summary)]
     return "\n".join(out)
 
 

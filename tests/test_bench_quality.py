@@ -72,3 +72,8 @@ def test_across_splits_gaps_the_means_of_each_splits_latest_run_at_the_defaults(
     summary = quality.across_splits(runs)
     assert summary["tables"]["cancer"]["per_split"][0] == 0.90 and not summary["tables"]["cancer"]["gap"]["met"]
     assert "0.900, 0.961, 0.961, 0.969, 0.945" in quality.markdown_across_splits(summary)
+    assert quality.across_splits(runs, tuner=True) is None  # only split 4 has a Tuner run
+    runs += [_run(split, 0.99, 0.971, tuner=["tuner.enabled=true"], seeds=[0, 1]) for split in range(4)]
+    tuned = quality.across_splits(runs, tuner=True)
+    assert tuned["tables"]["cancer"]["per_split"] == [0.99, 0.99, 0.99, 0.99, 0.5]
+    assert quality.across_splits(runs)["tables"]["cancer"]["per_split"][0] == 0.90  # the defaults' own runs
