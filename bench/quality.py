@@ -299,6 +299,12 @@ def _loopline_run(table: Table, seed: int, root: Path) -> dict:
     }
 
 
+def _best_baseline(scores: dict[str, float], task: str) -> str:
+    """The baseline with the highest accuracy (classification) or the lowest RMSE."""
+    higher = task == "classification"
+    return max(scores, key=lambda k: scores[k] if higher else -scores[k])
+
+
 def _gap(task: str, loopline: float, best: float, eval_rows: int) -> dict:
     """How far loopline is behind the best baseline (negative: ahead), and the allowed gap."""
     if task == "classification":
@@ -323,8 +329,7 @@ def measure_table(table: Table, seeds: list[int], work: Path) -> dict:
         return {"about": table.about, "task": table.task, "metric": table.metric, "label": table.label,
                 "overrides": table.overrides, "loopline_runs": runs, "baselines": scores, "trivial": trivial_floor(table)}
     mean = round(float(np.mean(scored)), 4)
-    higher = table.task == "classification"
-    best = max(scores, key=lambda k: scores[k] if higher else -scores[k])
+    best = _best_baseline(scores, table.task)
     result = {
         "about": table.about, "task": table.task, "metric": table.metric, "label": table.label,
         "overrides": table.overrides, "eval_rows": eval_rows, "train_rows": sum(1 for _ in open(table.train)) - 1,
@@ -425,8 +430,7 @@ def across_splits(runs: list[dict], tuner: bool = False) -> dict | None:
         entries = [run["tables"][name] for run in picked]
         loopline = _mean([e["loopline"] for e in entries])
         scores = {b: _mean([e["baselines"][b] for e in entries]) for b in first["baselines"]}
-        higher = first["task"] == "classification"
-        best = max(scores, key=lambda k: scores[k] if higher else -scores[k])
+        best = _best_baseline(scores, first["task"])
         eval_rows = min(e["eval_rows"] for e in entries)
         tables[name] = {"metric": first["metric"], "per_split": [e["loopline"] for e in entries], "loopline": loopline,
                         "baselines": scores, "best_baseline": best,
