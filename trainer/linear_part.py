@@ -121,11 +121,11 @@ def fit(encoder, columns: dict[str, tf.Tensor], heads: list[Head]) -> LinearFit 
     wide rows: MAX_VALUES): the encoder's output, its log columns, a model per head; None (logged)
     when no head can be fitted."""
     names = {*encoder.numbers, *encoder.strings, *encoder.lookups}
-    width = int(encoder({name: columns[name][:1] for name in names}).shape[1])
-    rows = min(int(tf.shape(next(iter(columns.values())))[0]), MAX_ROWS, max(MAX_VALUES // width, 1))
+    encoded_width = int(encoder({name: columns[name][:1] for name in names}).shape[1])
+    rows = min(int(tf.shape(next(iter(columns.values())))[0]), MAX_ROWS, max(MAX_VALUES // encoded_width, 1))
     features = {name: columns[name][:rows] for name in names}
     encoded = np.concatenate([encoder(batch).numpy() for batch in _batches(features, rows)])
-    width = encoded.shape[1] - len(encoder.lookups)  # each lookup is one index column, last
+    width = encoded_width - len(encoder.lookups)  # each lookup is one index column, last
     layout = _log_layout(encoded[:, :width], _scalar_numbers(encoder.numbers, features))
     part = LinearFit(width=width, lookup_sizes=[len(v) for v in encoder.lookups.values()], **layout)
     matrix = inputs_of(part)(encoded).numpy().astype(np.float64)
